@@ -1,0 +1,58 @@
+# crust — build, run and test.
+#
+#   make run    installs what the daemon needs, builds release, runs it in the
+#               foreground with the default config (/etc/crust/config.toml)
+#   make test   installs what the tests need and runs the whole suite
+#
+# Both are meant for a fresh Debian 12 machine, as root.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+RUN_ARGS ?=
+
+# Debian packages: what the daemon uses at run time, and what tests add.
+RUN_PACKAGES := runc crun containernetworking-plugins iptables iproute2 libseccomp2
+BUILD_PACKAGES := build-essential pkg-config libseccomp-dev
+TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
+
+.PHONY: run build release test deps-run deps-test fmt lint critest clean
+
+run: deps-run release
+	./target/release/crust daemon $(RUN_ARGS)
+
+release: deps-build
+	$(CARGO) build --release --bins
+
+build: deps-build
+	$(CARGO) build --bins
+
+test: deps-test
+	$(CARGO) build --bins
+	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2
+
+deps-run:
+	@hack/apt-install.sh $(RUN_PACKAGES) $(BUILD_PACKAGES)
+
+deps-build:
+	@hack/apt-install.sh $(BUILD_PACKAGES)
+
+deps-test:
+	@hack/apt-install.sh $(TEST_PACKAGES)
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Conformance against a running daemon (see README: needs crictl/critest and
+# the images critest pulls, served by a local registry).
+CRITEST_FOCUS ?=
+critest:
+	critest --runtime-endpoint unix:///run/crust/crust.sock \
+		--image-endpoint unix:///run/crust/crust.sock \
+		$(if $(CRITEST_FOCUS),--ginkgo.focus='$(CRITEST_FOCUS)')
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,16 @@
+//! The CRI gRPC API as generated Rust code.
+//!
+//! `v1` is what crust implements. `v1alpha2` is wire-compatible with `v1` for
+//! every field the two share, so the daemon serves it by re-routing its
+//! requests onto the `v1` services (see `runtime::api_version`); the generated
+//! `v1alpha2` types exist for clients and tests.
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("runtime.v1");
+}
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod v1alpha2 {
+    tonic::include_proto!("runtime.v1alpha2");
+}

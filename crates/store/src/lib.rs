@@ -1,0 +1,320 @@
+//! Persistent, crash-safe metadata for crust.
+//!
+//! Records (pods, containers, images, runtime settings) live in one redb
+//! database. redb commits are copy-on-write with a checksummed, fsync'ed
+//! header switch, so a process killed mid-write leaves the previous committed
+//! state, never a torn record; that is why it was chosen over hand-written
+//! write-temp + fsync + rename files (one file per record would cost an fsync
+//! of the file and of its directory per update and give no multi-record
+//! transactions).
+//!
+//! Values are JSON: readable with any redb tool when debugging a node, and
+//! tolerant of fields added in later versions (`#[serde(default)]`).
+
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Serialize, de::DeserializeOwned};
+
+/// The kinds of record crust stores, one redb table each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Pod,
+    Container,
+    Image,
+    /// Runtime-wide settings, e.g. the pod CIDR from UpdateRuntimeConfig.
+    Meta,
+}
+
+impl Kind {
+    fn table(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+        TableDefinition::new(self.name())
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Pod => "pods",
+            Kind::Container => "containers",
+            Kind::Image => "images",
+            Kind::Meta => "meta",
+        }
+    }
+}
+
+/// A value stored under a key in the table of its kind.
+pub trait Record: Serialize + DeserializeOwned {
+    const KIND: Kind;
+    fn key(&self) -> &str;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("metadata store {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: redb::DatabaseError,
+    },
+    #[error("metadata store: {0}")]
+    Db(#[from] redb::Error),
+    #[error("metadata store: record {kind}/{key} is not valid: {source}")]
+    Decode {
+        kind: &'static str,
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("metadata store: cannot encode {kind}/{key}: {source}")]
+    Encode {
+        kind: &'static str,
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Small page cache: metadata is a few KiB per pod, and the daemon's idle RSS
+/// budget is 10 MiB.
+const CACHE_BYTES: usize = 2 << 20;
+
+pub struct Store {
+    db: Database,
+}
+
+impl Store {
+    /// Opens (or creates) the database file, creating every table so reads
+    /// never meet a missing one.
+    pub fn open(path: &Path) -> Result<Self> {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|source| Error::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        let store = Store { db };
+        store.write(|tx| {
+            for kind in [Kind::Pod, Kind::Container, Kind::Image, Kind::Meta] {
+                tx.txn.open_table(kind.table()).map_err(redb::Error::from)?;
+            }
+            Ok(())
+        })?;
+        Ok(store)
+    }
+
+    pub fn get<R: Record>(&self, key: &str) -> Result<Option<R>> {
+        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let table = txn.open_table(R::KIND.table()).map_err(redb::Error::from)?;
+        let Some(raw) = table.get(key).map_err(redb::Error::from)? else {
+            return Ok(None);
+        };
+        decode::<R>(key, raw.value()).map(Some)
+    }
+
+    pub fn list<R: Record>(&self) -> Result<Vec<R>> {
+        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let table = txn.open_table(R::KIND.table()).map_err(redb::Error::from)?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(redb::Error::from)? {
+            let (k, v) = entry.map_err(redb::Error::from)?;
+            out.push(decode::<R>(k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn put<R: Record>(&self, record: &R) -> Result<()> {
+        self.write(|tx| tx.put(record))
+    }
+
+    /// Deletes a record; returns whether it existed.
+    pub fn delete<R: Record>(&self, key: &str) -> Result<bool> {
+        self.write(|tx| tx.delete::<R>(key))
+    }
+
+    /// Runs `f` in one write transaction: every change it makes is committed
+    /// (durably) together, or none is if it fails.
+    pub fn write<T>(&self, f: impl FnOnce(&mut Txn) -> Result<T>) -> Result<T> {
+        let txn = self.db.begin_write().map_err(redb::Error::from)?;
+        let mut tx = Txn { txn };
+        let out = f(&mut tx)?;
+        tx.txn.commit().map_err(redb::Error::from)?;
+        Ok(out)
+    }
+}
+
+/// A write transaction, see [`Store::write`].
+pub struct Txn {
+    txn: redb::WriteTransaction,
+}
+
+impl Txn {
+    pub fn put<R: Record>(&mut self, record: &R) -> Result<()> {
+        let key = record.key();
+        let bytes = serde_json::to_vec(record).map_err(|source| Error::Encode {
+            kind: R::KIND.name(),
+            key: key.to_string(),
+            source,
+        })?;
+        let mut table = self
+            .txn
+            .open_table(R::KIND.table())
+            .map_err(redb::Error::from)?;
+        table
+            .insert(key, bytes.as_slice())
+            .map_err(redb::Error::from)?;
+        Ok(())
+    }
+
+    pub fn get<R: Record>(&mut self, key: &str) -> Result<Option<R>> {
+        let table = self
+            .txn
+            .open_table(R::KIND.table())
+            .map_err(redb::Error::from)?;
+        let Some(raw) = table.get(key).map_err(redb::Error::from)? else {
+            return Ok(None);
+        };
+        decode::<R>(key, raw.value()).map(Some)
+    }
+
+    pub fn delete<R: Record>(&mut self, key: &str) -> Result<bool> {
+        let mut table = self
+            .txn
+            .open_table(R::KIND.table())
+            .map_err(redb::Error::from)?;
+        let existed = table.remove(key).map_err(redb::Error::from)?.is_some();
+        Ok(existed)
+    }
+}
+
+fn decode<R: Record>(key: &str, raw: &[u8]) -> Result<R> {
+    serde_json::from_slice(raw).map_err(|source| Error::Decode {
+        kind: R::KIND.name(),
+        key: key.to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Pod {
+        id: String,
+        name: String,
+        #[serde(default)]
+        added_later: u32,
+    }
+
+    impl Record for Pod {
+        const KIND: Kind = Kind::Pod;
+        fn key(&self) -> &str {
+            &self.id
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Ctr {
+        id: String,
+    }
+
+    impl Record for Ctr {
+        const KIND: Kind = Kind::Container;
+        fn key(&self) -> &str {
+            &self.id
+        }
+    }
+
+    fn pod(id: &str) -> Pod {
+        Pod {
+            id: id.into(),
+            name: format!("name-{id}"),
+            added_later: 0,
+        }
+    }
+
+    #[test]
+    fn put_get_list_delete_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        assert_eq!(store.get::<Pod>("a").unwrap(), None);
+        store.put(&pod("a")).unwrap();
+        store.put(&pod("b")).unwrap();
+        assert_eq!(store.get::<Pod>("a").unwrap(), Some(pod("a")));
+        assert_eq!(store.list::<Pod>().unwrap(), vec![pod("a"), pod("b")]);
+        // Kinds are separate tables.
+        assert!(store.list::<Ctr>().unwrap().is_empty());
+        assert!(store.delete::<Pod>("a").unwrap());
+        assert!(!store.delete::<Pod>("a").unwrap());
+        assert_eq!(store.list::<Pod>().unwrap(), vec![pod("b")]);
+    }
+
+    #[test]
+    fn records_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        Store::open(&path).unwrap().put(&pod("a")).unwrap();
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get::<Pod>("a").unwrap(), Some(pod("a")));
+    }
+
+    #[test]
+    fn failed_transaction_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        store.put(&pod("keep")).unwrap();
+        let res: Result<()> = store.write(|tx| {
+            tx.put(&pod("new"))?;
+            tx.delete::<Pod>("keep")?;
+            // A decode failure aborts the whole transaction.
+            Err(Error::Decode {
+                kind: "pods",
+                key: "x".into(),
+                source: serde_json::from_str::<u8>("x").unwrap_err(),
+            })
+        });
+        assert!(res.is_err());
+        assert_eq!(store.list::<Pod>().unwrap(), vec![pod("keep")]);
+    }
+
+    #[test]
+    fn fields_added_later_default_when_reading_old_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        store
+            .write(|tx| {
+                let mut t = tx
+                    .txn
+                    .open_table(Kind::Pod.table())
+                    .map_err(redb::Error::from)?;
+                t.insert("old", br#"{"id":"old","name":"n"}"#.as_slice())
+                    .map_err(redb::Error::from)?;
+                Ok(())
+            })
+            .unwrap();
+        let got = store.get::<Pod>("old").unwrap().unwrap();
+        assert_eq!(got.added_later, 0);
+    }
+
+    #[test]
+    fn corrupt_record_is_a_decode_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        store
+            .write(|tx| {
+                let mut t = tx
+                    .txn
+                    .open_table(Kind::Pod.table())
+                    .map_err(redb::Error::from)?;
+                t.insert("bad", b"{not json".as_slice())
+                    .map_err(redb::Error::from)?;
+                Ok(())
+            })
+            .unwrap();
+        let err = store.get::<Pod>("bad").unwrap_err().to_string();
+        assert!(err.contains("pods/bad"), "{err}");
+    }
+}

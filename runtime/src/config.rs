@@ -1,0 +1,250 @@
+//! The daemon's configuration: a TOML file (missing file = defaults),
+//! overridden by command-line flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/crust/config.toml";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The CRI gRPC socket kubelet and crictl connect to.
+    pub socket: PathBuf,
+    /// Persistent state: content store, unpacked layers, metadata database.
+    pub root: PathBuf,
+    /// Volatile state (lost on reboot): sockets, pinned namespaces, bundles.
+    pub run_dir: PathBuf,
+    pub log_level: LogLevel,
+    pub log_format: LogFormat,
+    /// Which cgroup manager creates pod and container cgroups; reported to
+    /// kubelet through the RuntimeConfig RPC so both agree.
+    pub cgroup_driver: CgroupDriver,
+    pub network: NetworkConfig,
+    pub registry: RegistryConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// Where CNI network configs (`.conf`, `.conflist`, `.json`) are read.
+    pub cni_conf_dir: PathBuf,
+    /// Where CNI plugin binaries are looked up, in order.
+    pub cni_bin_dirs: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// containerd-style `hosts.toml` directory: `<host>/hosts.toml` per
+    /// registry (mirrors, plain http, CA, skip_verify).
+    pub config_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupDriver {
+    Cgroupfs,
+    Systemd,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket: PathBuf::from("/run/crust/crust.sock"),
+            root: PathBuf::from("/var/lib/crust"),
+            run_dir: PathBuf::from("/run/crust"),
+            log_level: LogLevel::Info,
+            log_format: LogFormat::Text,
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            network: NetworkConfig::default(),
+            registry: RegistryConfig::default(),
+        }
+    }
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
+            cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
+        }
+    }
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            config_dir: PathBuf::from("/etc/crust/certs.d"),
+        }
+    }
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Loads `path`. A missing file means the defaults only when `path` is
+    /// the default location; a config file named explicitly must exist.
+    pub fn load(path: &Path, explicit: bool) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(&text).map_err(|message| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+                Ok(Config::default())
+            }
+            Err(source) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+    }
+
+    /// The full default config as TOML, for `crust config default`.
+    pub fn default_toml() -> String {
+        toml::to_string_pretty(&Config::default()).expect("the default config serializes")
+    }
+
+    /// Checks what serde cannot: paths must be absolute, because the daemon
+    /// resolves nothing relative to its working directory.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let paths = [
+            ("socket", &self.socket),
+            ("root", &self.root),
+            ("run_dir", &self.run_dir),
+            ("network.cni_conf_dir", &self.network.cni_conf_dir),
+            ("registry.config_dir", &self.registry.config_dir),
+        ];
+        let bin_dirs = self
+            .network
+            .cni_bin_dirs
+            .iter()
+            .map(|p| ("network.cni_bin_dirs", p));
+        for (key, path) in paths.into_iter().chain(bin_dirs) {
+            if !path.is_absolute() {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} must be an absolute path, got {:?}",
+                    path.display().to_string()
+                )));
+            }
+        }
+        if self.socket.file_name().is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "socket {} has no file name",
+                self.socket.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_toml_round_trips() {
+        let text = Config::default_toml();
+        assert_eq!(Config::parse(&text).unwrap(), Config::default());
+        assert!(
+            text.contains("socket = \"/run/crust/crust.sock\""),
+            "{text}"
+        );
+        assert!(text.contains("[network]"), "{text}");
+    }
+
+    #[test]
+    fn empty_file_is_all_defaults_and_partial_files_merge() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        let c = Config::parse("log_level = \"debug\"\n[network]\ncni_conf_dir = \"/x\"\n").unwrap();
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert_eq!(c.network.cni_conf_dir, PathBuf::from("/x"));
+        assert_eq!(
+            c.network.cni_bin_dirs,
+            NetworkConfig::default().cni_bin_dirs
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors_naming_them() {
+        let err = Config::parse("sokcet = \"/x\"").unwrap_err();
+        assert!(err.contains("sokcet"), "{err}");
+        let err = Config::parse("log_level = \"loud\"").unwrap_err();
+        assert!(err.contains("loud"), "{err}");
+        let err = Config::parse("cgroup_driver = 3").unwrap_err();
+        assert!(err.contains("cgroup_driver"), "{err}");
+    }
+
+    #[test]
+    fn relative_paths_are_rejected() {
+        let c = Config {
+            root: PathBuf::from("var/lib/crust"),
+            ..Config::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("root"), "{err}");
+        let mut c = Config::default();
+        c.network.cni_bin_dirs.push(PathBuf::from("bin"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("cni_bin_dirs")
+        );
+    }
+
+    #[test]
+    fn missing_default_file_is_defaults_but_missing_explicit_file_is_an_error() {
+        let missing = Path::new("/nonexistent/crust.toml");
+        assert_eq!(Config::load(missing, false).unwrap(), Config::default());
+        let err = Config::load(missing, true).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/crust.toml"), "{err}");
+    }
+}

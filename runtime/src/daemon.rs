@@ -1,0 +1,88 @@
+//! The daemon's shared state, built once at start and handed to every
+//! service.
+
+use std::path::Path;
+use std::sync::RwLock;
+
+use anyhow::Context;
+use crust_linux::cgroups::{self, Hierarchy};
+use crust_store::{Kind, Record, Store};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+
+pub struct Daemon {
+    pub config: Config,
+    pub store: Store,
+    pub cgroup_hierarchy: Hierarchy,
+    /// Pod CIDRs from UpdateRuntimeConfig, for the default network config.
+    pod_cidrs: RwLock<Vec<String>>,
+}
+
+/// Runtime-wide settings that must survive a restart.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct NetworkSettings {
+    #[serde(default)]
+    pub pod_cidrs: Vec<String>,
+}
+
+impl Record for NetworkSettings {
+    const KIND: Kind = Kind::Meta;
+    fn key(&self) -> &str {
+        "network"
+    }
+}
+
+impl Daemon {
+    pub fn open(config: Config) -> anyhow::Result<Daemon> {
+        for dir in [&config.root, &config.run_dir] {
+            create_private_dir(dir)?;
+        }
+        let cgroup_hierarchy = cgroups::detect(Path::new("/sys/fs/cgroup"))
+            .context("detecting the cgroup hierarchy")?;
+        if config.cgroup_driver == crate::config::CgroupDriver::Systemd
+            && !cgroups::systemd_booted()
+        {
+            anyhow::bail!(
+                "cgroup_driver = \"systemd\" but systemd is not the init system on this host"
+            );
+        }
+        let store = Store::open(&config.root.join("meta.db"))
+            .context("opening the metadata store (is another crust daemon using this root?)")?;
+        let network = store.get::<NetworkSettings>("network")?.unwrap_or_default();
+        Ok(Daemon {
+            config,
+            store,
+            cgroup_hierarchy,
+            pod_cidrs: RwLock::new(network.pod_cidrs),
+        })
+    }
+
+    pub fn pod_cidrs(&self) -> Vec<String> {
+        self.pod_cidrs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Persists the pod CIDRs before making them visible.
+    pub fn set_pod_cidrs(&self, cidrs: Vec<String>) -> Result<(), crust_store::Error> {
+        let mut guard = self.pod_cidrs.write().unwrap_or_else(|e| e.into_inner());
+        self.store.put(&NetworkSettings {
+            pod_cidrs: cidrs.clone(),
+        })?;
+        *guard = cidrs;
+        Ok(())
+    }
+}
+
+/// Creates `dir` (and parents) readable only by root, as state dirs hold
+/// namespaces, sockets and image content.
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}

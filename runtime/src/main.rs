@@ -1,0 +1,152 @@
+//! `crust`: the daemon and the operator CLI.
+
+mod api_version;
+mod config;
+mod daemon;
+mod server;
+mod services;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use config::{CgroupDriver, Config, DEFAULT_CONFIG_PATH, LogFormat, LogLevel};
+
+#[derive(Parser)]
+#[command(
+    name = "crust",
+    version,
+    about = "A Kubernetes container runtime (CRI)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the CRI on a Unix socket.
+    Daemon(DaemonArgs),
+    /// Inspect the configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the full default configuration as TOML.
+    Default,
+}
+
+/// Flags override the config file's values.
+#[derive(Args)]
+struct DaemonArgs {
+    /// Config file (TOML). A missing file at the default path means defaults.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// CRI socket path.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Persistent state directory.
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Volatile state directory.
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<LogLevel>,
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+    #[arg(long, value_name = "DRIVER")]
+    cgroup_driver: Option<CgroupDriver>,
+    /// CNI network config directory.
+    #[arg(long, value_name = "DIR")]
+    cni_conf_dir: Option<PathBuf>,
+    /// CNI plugin directories, colon-separated.
+    #[arg(long, value_name = "DIR[:DIR...]", value_delimiter = ':')]
+    cni_bin_dir: Option<Vec<PathBuf>>,
+    /// Registry host config directory (containerd hosts.toml layout).
+    #[arg(long, value_name = "DIR")]
+    registry_config_dir: Option<PathBuf>,
+}
+
+impl DaemonArgs {
+    fn into_config(self) -> anyhow::Result<Config> {
+        let explicit = self.config.is_some();
+        let path = self
+            .config
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
+        let mut c = Config::load(&path, explicit)?;
+        macro_rules! set {
+            ($flag:expr => $($field:tt)+) => {
+                if let Some(v) = $flag {
+                    c.$($field)+ = v;
+                }
+            };
+        }
+        set!(self.socket => socket);
+        set!(self.root => root);
+        set!(self.run_dir => run_dir);
+        set!(self.log_level => log_level);
+        set!(self.log_format => log_format);
+        set!(self.cgroup_driver => cgroup_driver);
+        set!(self.cni_conf_dir => network.cni_conf_dir);
+        set!(self.cni_bin_dir => network.cni_bin_dirs);
+        set!(self.registry_config_dir => registry.config_dir);
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Daemon(args) => args.into_config().and_then(run_daemon),
+        Command::Config {
+            command: ConfigCommand::Default,
+        } => {
+            print!("{}", Config::default_toml());
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("crust: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_daemon(config: Config) -> anyhow::Result<()> {
+    init_logging(&config);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("crust")
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(server::serve(config))
+}
+
+fn init_logging(config: &Config) {
+    // Dependencies' chatter stays at warn unless tracing everything.
+    let level = config.log_level.as_str();
+    let filter = if config.log_level == LogLevel::Trace {
+        level.to_string()
+    } else {
+        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn")
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,406 @@
+//! CRI RuntimeService.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use crust_api::v1::runtime_service_server::RuntimeService;
+use crust_api::v1::*;
+use crust_network::config as cni_config;
+use tonic::{Request, Response, Status};
+
+use super::{Cri, ResponseStream, internal, not_yet};
+use crate::api_version::ApiVersion;
+use crate::config::CgroupDriver as ConfiguredDriver;
+
+/// The kubelet-runtime API version (the same constant containerd and CRI-O
+/// report).
+const KUBELET_API_VERSION: &str = "0.1.0";
+
+#[tonic::async_trait]
+impl RuntimeService for Cri {
+    async fn version(
+        &self,
+        req: Request<VersionRequest>,
+    ) -> Result<Response<VersionResponse>, Status> {
+        Ok(Response::new(VersionResponse {
+            version: KUBELET_API_VERSION.into(),
+            runtime_name: "crust".into(),
+            runtime_version: env!("CARGO_PKG_VERSION").into(),
+            runtime_api_version: ApiVersion::of(&req).as_str().into(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let verbose = req.get_ref().verbose;
+        let network = self.network_condition();
+        let mut info = HashMap::new();
+        if verbose {
+            // crictl info shows each value parsed as JSON under its key.
+            let d = &self.daemon;
+            let json = |v: serde_json::Value| v.to_string();
+            info.insert("config".into(), json(serde_json::json!(d.config)));
+            info.insert(
+                "cgroupHierarchy".into(),
+                json(serde_json::json!(d.cgroup_hierarchy)),
+            );
+            info.insert("podCIDRs".into(), json(serde_json::json!(d.pod_cidrs())));
+        }
+        Ok(Response::new(StatusResponse {
+            status: Some(RuntimeStatus {
+                conditions: vec![
+                    RuntimeCondition {
+                        r#type: "RuntimeReady".into(),
+                        status: true,
+                        reason: String::new(),
+                        message: String::new(),
+                    },
+                    network,
+                ],
+            }),
+            info,
+            runtime_handlers: Vec::new(),
+            features: Some(RuntimeFeatures::default()),
+        }))
+    }
+
+    async fn runtime_config(
+        &self,
+        _req: Request<RuntimeConfigRequest>,
+    ) -> Result<Response<RuntimeConfigResponse>, Status> {
+        let driver = match self.daemon.config.cgroup_driver {
+            ConfiguredDriver::Cgroupfs => CgroupDriver::Cgroupfs,
+            ConfiguredDriver::Systemd => CgroupDriver::Systemd,
+        };
+        Ok(Response::new(RuntimeConfigResponse {
+            linux: Some(LinuxRuntimeConfiguration {
+                cgroup_driver: driver as i32,
+            }),
+        }))
+    }
+
+    async fn update_runtime_config(
+        &self,
+        req: Request<UpdateRuntimeConfigRequest>,
+    ) -> Result<Response<UpdateRuntimeConfigResponse>, Status> {
+        let pod_cidr = req
+            .into_inner()
+            .runtime_config
+            .and_then(|c| c.network_config)
+            .map(|n| n.pod_cidr)
+            .unwrap_or_default();
+        // kubelet sends an empty CIDR when it has none; that changes nothing.
+        if pod_cidr.is_empty() {
+            return Ok(Response::new(UpdateRuntimeConfigResponse {}));
+        }
+        let cidrs = parse_pod_cidrs(&pod_cidr).map_err(|e| {
+            Status::invalid_argument(format!("runtime_config.network_config.pod_cidr: {e}"))
+        })?;
+        let daemon = self.daemon.clone();
+        tokio::task::spawn_blocking(move || daemon.set_pod_cidrs(cidrs))
+            .await
+            .map_err(internal)?
+            .map_err(internal)?;
+        Ok(Response::new(UpdateRuntimeConfigResponse {}))
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        _req: Request<RunPodSandboxRequest>,
+    ) -> Result<Response<RunPodSandboxResponse>, Status> {
+        not_yet!("RunPodSandbox")
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        _req: Request<StopPodSandboxRequest>,
+    ) -> Result<Response<StopPodSandboxResponse>, Status> {
+        not_yet!("StopPodSandbox")
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        _req: Request<RemovePodSandboxRequest>,
+    ) -> Result<Response<RemovePodSandboxResponse>, Status> {
+        not_yet!("RemovePodSandbox")
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        _req: Request<PodSandboxStatusRequest>,
+    ) -> Result<Response<PodSandboxStatusResponse>, Status> {
+        not_yet!("PodSandboxStatus")
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        _req: Request<ListPodSandboxRequest>,
+    ) -> Result<Response<ListPodSandboxResponse>, Status> {
+        not_yet!("ListPodSandbox")
+    }
+
+    type StreamPodSandboxesStream = ResponseStream<StreamPodSandboxesResponse>;
+
+    async fn stream_pod_sandboxes(
+        &self,
+        _req: Request<StreamPodSandboxesRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
+        not_yet!("StreamPodSandboxes")
+    }
+
+    async fn create_container(
+        &self,
+        _req: Request<CreateContainerRequest>,
+    ) -> Result<Response<CreateContainerResponse>, Status> {
+        not_yet!("CreateContainer")
+    }
+
+    async fn start_container(
+        &self,
+        _req: Request<StartContainerRequest>,
+    ) -> Result<Response<StartContainerResponse>, Status> {
+        not_yet!("StartContainer")
+    }
+
+    async fn stop_container(
+        &self,
+        _req: Request<StopContainerRequest>,
+    ) -> Result<Response<StopContainerResponse>, Status> {
+        not_yet!("StopContainer")
+    }
+
+    async fn remove_container(
+        &self,
+        _req: Request<RemoveContainerRequest>,
+    ) -> Result<Response<RemoveContainerResponse>, Status> {
+        not_yet!("RemoveContainer")
+    }
+
+    async fn list_containers(
+        &self,
+        _req: Request<ListContainersRequest>,
+    ) -> Result<Response<ListContainersResponse>, Status> {
+        not_yet!("ListContainers")
+    }
+
+    type StreamContainersStream = ResponseStream<StreamContainersResponse>;
+
+    async fn stream_containers(
+        &self,
+        _req: Request<StreamContainersRequest>,
+    ) -> Result<Response<Self::StreamContainersStream>, Status> {
+        not_yet!("StreamContainers")
+    }
+
+    async fn container_status(
+        &self,
+        _req: Request<ContainerStatusRequest>,
+    ) -> Result<Response<ContainerStatusResponse>, Status> {
+        not_yet!("ContainerStatus")
+    }
+
+    async fn update_container_resources(
+        &self,
+        _req: Request<UpdateContainerResourcesRequest>,
+    ) -> Result<Response<UpdateContainerResourcesResponse>, Status> {
+        not_yet!("UpdateContainerResources")
+    }
+
+    async fn reopen_container_log(
+        &self,
+        _req: Request<ReopenContainerLogRequest>,
+    ) -> Result<Response<ReopenContainerLogResponse>, Status> {
+        not_yet!("ReopenContainerLog")
+    }
+
+    async fn exec_sync(
+        &self,
+        _req: Request<ExecSyncRequest>,
+    ) -> Result<Response<ExecSyncResponse>, Status> {
+        not_yet!("ExecSync")
+    }
+
+    async fn exec(&self, _req: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
+        not_yet!("Exec")
+    }
+
+    async fn attach(
+        &self,
+        _req: Request<AttachRequest>,
+    ) -> Result<Response<AttachResponse>, Status> {
+        not_yet!("Attach")
+    }
+
+    async fn port_forward(
+        &self,
+        _req: Request<PortForwardRequest>,
+    ) -> Result<Response<PortForwardResponse>, Status> {
+        not_yet!("PortForward")
+    }
+
+    async fn container_stats(
+        &self,
+        _req: Request<ContainerStatsRequest>,
+    ) -> Result<Response<ContainerStatsResponse>, Status> {
+        not_yet!("ContainerStats")
+    }
+
+    async fn list_container_stats(
+        &self,
+        _req: Request<ListContainerStatsRequest>,
+    ) -> Result<Response<ListContainerStatsResponse>, Status> {
+        not_yet!("ListContainerStats")
+    }
+
+    type StreamContainerStatsStream = ResponseStream<StreamContainerStatsResponse>;
+
+    async fn stream_container_stats(
+        &self,
+        _req: Request<StreamContainerStatsRequest>,
+    ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
+        not_yet!("StreamContainerStats")
+    }
+
+    async fn pod_sandbox_stats(
+        &self,
+        _req: Request<PodSandboxStatsRequest>,
+    ) -> Result<Response<PodSandboxStatsResponse>, Status> {
+        not_yet!("PodSandboxStats")
+    }
+
+    async fn list_pod_sandbox_stats(
+        &self,
+        _req: Request<ListPodSandboxStatsRequest>,
+    ) -> Result<Response<ListPodSandboxStatsResponse>, Status> {
+        not_yet!("ListPodSandboxStats")
+    }
+
+    type StreamPodSandboxStatsStream = ResponseStream<StreamPodSandboxStatsResponse>;
+
+    async fn stream_pod_sandbox_stats(
+        &self,
+        _req: Request<StreamPodSandboxStatsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
+        not_yet!("StreamPodSandboxStats")
+    }
+
+    async fn checkpoint_container(
+        &self,
+        _req: Request<CheckpointContainerRequest>,
+    ) -> Result<Response<CheckpointContainerResponse>, Status> {
+        not_yet!("CheckpointContainer")
+    }
+
+    type GetContainerEventsStream = ResponseStream<ContainerEventResponse>;
+
+    async fn get_container_events(
+        &self,
+        _req: Request<GetEventsRequest>,
+    ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
+        not_yet!("GetContainerEvents")
+    }
+
+    async fn list_metric_descriptors(
+        &self,
+        _req: Request<ListMetricDescriptorsRequest>,
+    ) -> Result<Response<ListMetricDescriptorsResponse>, Status> {
+        not_yet!("ListMetricDescriptors")
+    }
+
+    async fn list_pod_sandbox_metrics(
+        &self,
+        _req: Request<ListPodSandboxMetricsRequest>,
+    ) -> Result<Response<ListPodSandboxMetricsResponse>, Status> {
+        not_yet!("ListPodSandboxMetrics")
+    }
+
+    type StreamPodSandboxMetricsStream = ResponseStream<StreamPodSandboxMetricsResponse>;
+
+    async fn stream_pod_sandbox_metrics(
+        &self,
+        _req: Request<StreamPodSandboxMetricsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
+        not_yet!("StreamPodSandboxMetrics")
+    }
+
+    async fn update_pod_sandbox_resources(
+        &self,
+        _req: Request<UpdatePodSandboxResourcesRequest>,
+    ) -> Result<Response<UpdatePodSandboxResourcesResponse>, Status> {
+        not_yet!("UpdatePodSandboxResources")
+    }
+}
+
+impl Cri {
+    /// NetworkReady follows the CNI config dir, re-read on every call so a
+    /// config dropped in later (or removed) is seen without a restart.
+    fn network_condition(&self) -> RuntimeCondition {
+        let (status, reason, message) =
+            match cni_config::load_default(&self.daemon.config.network.cni_conf_dir) {
+                Ok(_) => (true, String::new(), String::new()),
+                Err(e) => (
+                    false,
+                    "NetworkPluginNotReady".to_string(),
+                    format!("Network plugin returns error: {e}"),
+                ),
+            };
+        RuntimeCondition {
+            r#type: "NetworkReady".into(),
+            status,
+            reason,
+            message,
+        }
+    }
+}
+
+/// Parses kubelet's pod CIDR: one CIDR, or an IPv4 and an IPv6 one separated
+/// by a comma for dual-stack.
+fn parse_pod_cidrs(text: &str) -> Result<Vec<String>, String> {
+    let cidrs: Vec<String> = text.split(',').map(|s| s.trim().to_string()).collect();
+    if cidrs.len() > 2 {
+        return Err(format!("{text:?} has more than two CIDRs"));
+    }
+    for cidr in &cidrs {
+        let (addr, prefix) = cidr
+            .split_once('/')
+            .ok_or_else(|| format!("{cidr:?} is not a CIDR (no prefix length)"))?;
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{cidr:?} is not a CIDR (bad address)"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        match prefix.parse::<u8>() {
+            Ok(p) if p <= max => {}
+            _ => return Err(format!("{cidr:?} is not a CIDR (bad prefix length)")),
+        }
+    }
+    if cidrs.len() == 2 && cidrs[0].contains(':') == cidrs[1].contains(':') {
+        return Err(format!("{text:?}: two CIDRs must be one IPv4 and one IPv6"));
+    }
+    Ok(cidrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pod_cidrs;
+
+    #[test]
+    fn pod_cidrs() {
+        assert_eq!(parse_pod_cidrs("10.88.0.0/16").unwrap(), ["10.88.0.0/16"]);
+        assert_eq!(
+            parse_pod_cidrs("10.1.0.0/24, fd00::/64").unwrap(),
+            ["10.1.0.0/24", "fd00::/64"]
+        );
+        for bad in [
+            "10.88.0.0",
+            "10.88.0.0/33",
+            "10.88.0/16",
+            "fd00::/129",
+            "10.0.0.0/8,10.1.0.0/16",
+            "a,b,c",
+        ] {
+            assert!(parse_pod_cidrs(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! The daemon itself: both CRI versions on one socket, Version, Status,
+//! RuntimeConfig, UpdateRuntimeConfig, the socket's life cycle, config
+//! handling and signals.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::time::Duration;
+
+use crust_tests::crust_api::{v1, v1alpha2};
+use crust_tests::tonic::Code;
+use crust_tests::{Daemon, run_crust};
+use nix::sys::signal::Signal;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn version_over_v1_and_v1alpha2() {
+    let d = Daemon::start().await;
+    let v = d
+        .runtime_v1()
+        .await
+        .version(v1::VersionRequest {
+            version: "0.1.0".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(v.runtime_name, "crust");
+    assert_eq!(v.runtime_api_version, "v1");
+    assert_eq!(v.version, "0.1.0");
+    let semver: Vec<u64> = v
+        .runtime_version
+        .split('.')
+        .map(|p| p.parse().expect("numeric semver part"))
+        .collect();
+    assert_eq!(semver.len(), 3, "{}", v.runtime_version);
+
+    let old = d
+        .runtime_v1alpha2()
+        .await
+        .version(v1alpha2::VersionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(old.runtime_name, "crust");
+    assert_eq!(old.runtime_version, v.runtime_version);
+    assert_eq!(old.runtime_api_version, "v1alpha2");
+}
+
+fn condition<'a>(conds: &'a [v1::RuntimeCondition], kind: &str) -> &'a v1::RuntimeCondition {
+    conds
+        .iter()
+        .find(|c| c.r#type == kind)
+        .unwrap_or_else(|| panic!("no {kind} condition in {conds:?}"))
+}
+
+async fn status(d: &Daemon, verbose: bool) -> v1::StatusResponse {
+    d.runtime_v1()
+        .await
+        .status(v1::StatusRequest { verbose })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_reports_network_ready_once_a_cni_config_appears() {
+    let d = Daemon::start().await;
+    let s = status(&d, false).await;
+    let conds = &s.status.as_ref().unwrap().conditions;
+    assert!(condition(conds, "RuntimeReady").status);
+    let net = condition(conds, "NetworkReady");
+    assert!(!net.status);
+    assert_eq!(net.reason, "NetworkPluginNotReady");
+    assert!(net.message.contains("no network config"), "{}", net.message);
+    assert!(s.info.is_empty(), "info only when verbose");
+
+    // An invalid file keeps it not ready, with the file named.
+    std::fs::write(d.cni_conf_dir.join("05-bad.conflist"), "{").unwrap();
+    let s = status(&d, false).await;
+    let net = condition(&s.status.as_ref().unwrap().conditions, "NetworkReady").clone();
+    assert!(!net.status);
+    assert!(net.message.contains("05-bad.conflist"), "{}", net.message);
+
+    // A valid one is picked up without a restart.
+    std::fs::write(
+        d.cni_conf_dir.join("10-test.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"test","plugins":[{"type":"loopback"}]}"#,
+    )
+    .unwrap();
+    let s = status(&d, false).await;
+    let net = condition(&s.status.as_ref().unwrap().conditions, "NetworkReady").clone();
+    assert!(net.status, "{net:?}");
+    assert!(net.reason.is_empty());
+
+    // And the same answer reaches a v1alpha2 client.
+    let old = d
+        .runtime_v1alpha2()
+        .await
+        .status(v1alpha2::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let conds = old.status.unwrap().conditions;
+    assert!(conds.iter().all(|c| c.status), "{conds:?}");
+    assert_eq!(conds.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verbose_status_holds_the_effective_config() {
+    let d = Daemon::builder()
+        .config("log_format = \"json\"\n[registry]\nconfig_dir = \"/etc/test-certs.d\"\n")
+        .start()
+        .await;
+    let s = status(&d, true).await;
+    let config: serde_json::Value = serde_json::from_str(&s.info["config"]).unwrap();
+    // Flags win over the file, the file over the defaults.
+    assert_eq!(config["socket"], d.socket.to_str().unwrap());
+    assert_eq!(config["root"], d.root.to_str().unwrap());
+    assert_eq!(config["log_level"], "debug");
+    assert_eq!(config["log_format"], "json");
+    assert_eq!(config["registry"]["config_dir"], "/etc/test-certs.d");
+    assert_eq!(config["cgroup_driver"], "cgroupfs");
+    let hierarchy: String = serde_json::from_str(&s.info["cgroupHierarchy"]).unwrap();
+    assert!(["v1", "hybrid", "v2"].contains(&hierarchy.as_str()));
+    // JSON logs were asked for: every line is a JSON object.
+    let logs = d.logs();
+    assert!(!logs.is_empty());
+    for line in logs.lines() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runtime_config_reports_the_cgroup_driver() {
+    let d = Daemon::start().await;
+    let rc = d
+        .runtime_v1()
+        .await
+        .runtime_config(v1::RuntimeConfigRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        rc.linux.unwrap().cgroup_driver,
+        v1::CgroupDriver::Cgroupfs as i32
+    );
+}
+
+#[test]
+fn systemd_driver_needs_systemd() {
+    if std::path::Path::new("/run/systemd/system").is_dir() {
+        return; // covered only on hosts without systemd as init
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_crust(&[
+        "daemon",
+        "--cgroup-driver",
+        "systemd",
+        "--socket",
+        dir.path().join("s.sock").to_str().unwrap(),
+        "--root",
+        dir.path().join("root").to_str().unwrap(),
+        "--run-dir",
+        dir.path().join("run").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("systemd is not the init system"), "{err}");
+    assert!(!dir.path().join("s.sock").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn update_runtime_config_stores_the_pod_cidr_across_restarts() {
+    let mut d = Daemon::start().await;
+    let update = |cidr: &str| v1::UpdateRuntimeConfigRequest {
+        runtime_config: Some(v1::RuntimeConfig {
+            network_config: Some(v1::NetworkConfig {
+                pod_cidr: cidr.into(),
+            }),
+        }),
+    };
+    let mut rt = d.runtime_v1().await;
+    rt.update_runtime_config(update("10.244.1.0/24,fd00:10:244:1::/64"))
+        .await
+        .unwrap();
+    let err = rt
+        .update_runtime_config(update("10.244.1.0/99"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("pod_cidr"), "{}", err.message());
+    // Empty means "no change".
+    rt.update_runtime_config(update("")).await.unwrap();
+
+    d.restart().await;
+    let s = status(&d, true).await;
+    let cidrs: Vec<String> = serde_json::from_str(&s.info["podCIDRs"]).unwrap();
+    assert_eq!(cidrs, ["10.244.1.0/24", "fd00:10:244:1::/64"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unbuilt_rpcs_answer_unimplemented_with_their_name() {
+    let d = Daemon::start().await;
+    let err = d
+        .runtime_v1()
+        .await
+        .checkpoint_container(v1::CheckpointContainerRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert!(
+        err.message().contains("CheckpointContainer"),
+        "{}",
+        err.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn socket_is_0660_and_removed_on_sigterm() {
+    let mut d = Daemon::start().await;
+    let meta = std::fs::metadata(&d.socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    let status = d.stop().await;
+    assert!(status.success(), "{status}");
+    assert!(!d.socket.exists());
+    assert!(d.logs().contains("SIGTERM"), "{}", d.logs());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigint_also_exits_cleanly() {
+    let mut d = Daemon::start().await;
+    let status = d
+        .signal_and_wait(Signal::SIGINT, Duration::from_secs(15))
+        .await;
+    assert!(status.success(), "{status}");
+    assert!(!d.socket.exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
+    let mut d = Daemon::start().await;
+    // Live: a second daemon on the same socket is refused and leaves it be.
+    let other = tempfile::tempdir().unwrap();
+    let out = run_crust(&[
+        "daemon",
+        "--socket",
+        d.socket.to_str().unwrap(),
+        "--root",
+        other.path().join("root").to_str().unwrap(),
+        "--run-dir",
+        other.path().join("run").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use"), "{err}");
+    assert!(d.socket.exists());
+    d.runtime_v1()
+        .await
+        .version(v1::VersionRequest::default())
+        .await
+        .unwrap();
+
+    // Stale: SIGKILL leaves the socket file behind; the next start replaces it.
+    d.signal_and_wait(Signal::SIGKILL, Duration::from_secs(5))
+        .await;
+    assert!(d.socket.exists(), "SIGKILL cannot remove the socket");
+    d.start_again().await;
+}
+
+#[test]
+fn a_file_at_the_socket_path_is_not_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crust.sock");
+    std::fs::write(&path, "precious").unwrap();
+    let out = run_crust(&[
+        "daemon",
+        "--socket",
+        path.to_str().unwrap(),
+        "--root",
+        dir.path().join("root").to_str().unwrap(),
+        "--run-dir",
+        dir.path().join("run").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "precious");
+}
+
+#[test]
+fn parent_dirs_of_the_socket_are_created() {
+    // Covered by every daemon test's temp layout too; here the socket's
+    // parent is several levels deep and does not exist yet.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("a/b/c/crust.sock");
+    let mut child = std::process::Command::new(crust_tests::crust_bin())
+        .args(["daemon", "--socket", socket.to_str().unwrap()])
+        .args(["--root", dir.path().join("root").to_str().unwrap()])
+        .args(["--run-dir", dir.path().join("run").to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !socket.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let existed = socket.exists();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    );
+    let status = child.wait().unwrap();
+    assert!(existed, "socket never appeared");
+    assert!(status.success());
+}
+
+fn daemon_with_config(config: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    run_crust(&[
+        "daemon",
+        "--config",
+        path.to_str().unwrap(),
+        "--socket",
+        dir.path().join("s.sock").to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn bad_config_is_a_clear_error_and_a_nonzero_exit() {
+    let cases = [
+        ("sokcet = \"/run/x.sock\"", "sokcet"),
+        ("log_level = \"loud\"", "loud"),
+        ("root = \"relative/dir\"", "root must be an absolute path"),
+        ("[network]\ncni_bin_dirs = \"/opt/cni/bin\"", "cni_bin_dirs"),
+        ("this is not toml", "config.toml"),
+    ];
+    for (config, expected) in cases {
+        let out = daemon_with_config(config);
+        assert!(!out.status.success(), "{config:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{config:?}: {err}");
+    }
+    // A config file named on the command line must exist.
+    let out = run_crust(&["daemon", "--config", "/nonexistent/crust.toml"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/crust.toml"));
+    // Bad flag values are refused by the CLI parser.
+    let out = run_crust(&["daemon", "--log-format", "xml"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("xml"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn config_default_prints_a_config_the_daemon_accepts() {
+    let out = run_crust(&["config", "default"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for key in [
+        "socket",
+        "root",
+        "run_dir",
+        "cgroup_driver",
+        "cni_conf_dir",
+        "config_dir",
+    ] {
+        assert!(text.contains(key), "{key} missing from:\n{text}");
+    }
+    // The printed config starts a daemon (flags move the paths into a temp dir).
+    let d = Daemon::builder().config(&text).start().await;
+    let s = status(&d, true).await;
+    let config: serde_json::Value = serde_json::from_str(&s.info["config"]).unwrap();
+    assert_eq!(config["run_dir"], d.run_dir.to_str().unwrap());
+    assert_eq!(config["network"]["cni_bin_dirs"][1], "/usr/lib/cni");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_daemons_cannot_share_a_root() {
+    let d = Daemon::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_crust(&[
+        "daemon",
+        "--socket",
+        dir.path().join("other.sock").to_str().unwrap(),
+        "--root",
+        d.root.to_str().unwrap(),
+        "--run-dir",
+        dir.path().join("run").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("metadata store"), "{err}");
+    assert!(!dir.path().join("other.sock").exists());
+}
