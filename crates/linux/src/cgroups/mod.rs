@@ -1,6 +1,14 @@
-//! cgroup hierarchy detection.
+//! cgroups: hierarchy detection, kubelet's `cgroup_parent` formats and pod
+//! cgroups. Resource control, removal and stats go through youki's
+//! `libcgroups`, the project's one cgroup implementation.
+
+mod parent;
+mod pod;
 
 use std::path::Path;
+
+pub use parent::{DEFAULT_CGROUP_PARENT, parse_cgroup_parent, validate_cgroup_name};
+pub use pod::{POD_CGROUP_PREFIX, PodCgroup, pod_cgroup_path};
 
 use nix::sys::statfs::{CGROUP2_SUPER_MAGIC, TMPFS_MAGIC, statfs};
 use serde::Serialize;
