@@ -2,6 +2,7 @@
 //! crates that do the work, map errors to status codes.
 
 mod image;
+mod pod;
 mod runtime;
 
 use std::pin::Pin;

@@ -108,37 +108,37 @@ impl RuntimeService for Cri {
 
     async fn run_pod_sandbox(
         &self,
-        _req: Request<RunPodSandboxRequest>,
+        req: Request<RunPodSandboxRequest>,
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
-        not_yet!("RunPodSandbox")
+        self.run_pod_sandbox_impl(req).await
     }
 
     async fn stop_pod_sandbox(
         &self,
-        _req: Request<StopPodSandboxRequest>,
+        req: Request<StopPodSandboxRequest>,
     ) -> Result<Response<StopPodSandboxResponse>, Status> {
-        not_yet!("StopPodSandbox")
+        self.stop_pod_sandbox_impl(req).await
     }
 
     async fn remove_pod_sandbox(
         &self,
-        _req: Request<RemovePodSandboxRequest>,
+        req: Request<RemovePodSandboxRequest>,
     ) -> Result<Response<RemovePodSandboxResponse>, Status> {
-        not_yet!("RemovePodSandbox")
+        self.remove_pod_sandbox_impl(req).await
     }
 
     async fn pod_sandbox_status(
         &self,
-        _req: Request<PodSandboxStatusRequest>,
+        req: Request<PodSandboxStatusRequest>,
     ) -> Result<Response<PodSandboxStatusResponse>, Status> {
-        not_yet!("PodSandboxStatus")
+        self.pod_sandbox_status_impl(req).await
     }
 
     async fn list_pod_sandbox(
         &self,
-        _req: Request<ListPodSandboxRequest>,
+        req: Request<ListPodSandboxRequest>,
     ) -> Result<Response<ListPodSandboxResponse>, Status> {
-        not_yet!("ListPodSandbox")
+        self.list_pod_sandbox_impl(req).await
     }
 
     type StreamPodSandboxesStream = ResponseStream<StreamPodSandboxesResponse>;
