@@ -1,0 +1,138 @@
+//! The crate's error type, with a coarse [`ErrorKind`] the daemon maps to a
+//! gRPC status code.
+
+use std::sync::Arc;
+
+/// What a caller can do about an error; the daemon maps it to a gRPC code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request itself is wrong (bad reference, bad auth encoding).
+    InvalidArgument,
+    /// The image, manifest or blob does not exist (locally or in the registry).
+    NotFound,
+    /// The registry refused the credentials (or wants some).
+    Unauthenticated,
+    /// The registry or network could not be reached or failed.
+    Unavailable,
+    /// The content is valid but not something crust can run.
+    Unsupported,
+    /// The content is corrupt or hostile (digest/size mismatch, escaping
+    /// layer entries, broken archive).
+    InvalidContent,
+    /// A local failure (disk, metadata store).
+    Internal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid image reference {reference:?}: {reason}")]
+    InvalidReference { reference: String, reason: String },
+
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    #[error("{0} not found")]
+    NotFound(String),
+
+    #[error("image ID prefix {0:?} matches more than one image")]
+    Ambiguous(String),
+
+    #[error("registry {host}: authentication failed: {message}")]
+    Unauthorized { host: String, message: String },
+
+    #[error("registry {host}: {message}")]
+    Registry { host: String, message: String },
+
+    #[error("{0}")]
+    Unsupported(String),
+
+    #[error("content {digest}: {reason}")]
+    Verification { digest: String, reason: String },
+
+    #[error("layer {layer}: {reason}")]
+    Layer { layer: String, reason: String },
+
+    #[error("registry host config {path}: {reason}")]
+    HostsConfig { path: String, reason: String },
+
+    #[error("image archive: {0}")]
+    Archive(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(transparent)]
+    Store(#[from] crust_store::Error),
+
+    #[error("{0}")]
+    Internal(String),
+
+    /// The error of a pull another caller ran for us (single-flight).
+    #[error("{0}")]
+    Shared(Arc<Error>),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidReference { .. } | Error::InvalidArgument(_) | Error::Ambiguous(_) => {
+                ErrorKind::InvalidArgument
+            }
+            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::Unauthorized { .. } => ErrorKind::Unauthenticated,
+            Error::Registry { .. } => ErrorKind::Unavailable,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::Verification { .. } | Error::Layer { .. } | Error::Archive(_) => {
+                ErrorKind::InvalidContent
+            }
+            Error::HostsConfig { .. } | Error::Io { .. } | Error::Store(_) | Error::Internal(_) => {
+                ErrorKind::Internal
+            }
+            Error::Shared(inner) => inner.kind(),
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn layer(layer: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Layer {
+            layer: layer.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn verification(digest: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Verification {
+            digest: digest.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Adds a context string to io::Result, the one conversion used everywhere.
+pub(crate) trait IoContext<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::io(context(), source))
+    }
+}
+
+impl<T> IoContext<T> for rustix::io::Result<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|errno| Error::io(context(), errno.into()))
+    }
+}

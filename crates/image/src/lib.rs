@@ -1,0 +1,34 @@
+//! crust's image handling: registry client, content store, safe layer
+//! unpack, image index and garbage collection. No gRPC types here; the
+//! daemon's ImageService translates.
+//!
+//! Entry point: [`ImageService`]. Layout under the root dir:
+//! `content/blobs/sha256/<hex>` (blobs), `content/ingest/` (temp files),
+//! `layers/<chain-id-hex>/diff` (unpacked layers); image records and
+//! container leases live in the daemon's metadata store.
+
+pub mod content;
+pub mod digest;
+pub mod error;
+pub mod hosts;
+mod import;
+pub mod index;
+mod keyed;
+pub mod layers;
+pub mod manifest;
+pub mod reference;
+pub mod registry;
+mod service;
+pub mod unpack;
+pub mod usage;
+pub mod user;
+
+pub use digest::Digest;
+pub use error::{Error, ErrorKind, Result};
+pub use index::{Image, Lease};
+pub use manifest::{ImageConfig, Platform};
+pub use reference::Reference;
+pub use registry::{Credentials, Progress, ProgressFn};
+pub use service::{Config, DEFAULT_MAX_CONCURRENT_DOWNLOADS, ImageService};
+pub use usage::FsUsage;
+pub use user::{ImageUser, image_user};

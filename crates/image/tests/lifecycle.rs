@@ -1,0 +1,354 @@
+//! Remove, GC, leases, prune, restart and import.
+
+mod common;
+
+use std::io::Write;
+
+use common::*;
+use crust_image::ErrorKind;
+
+fn extra_layer(name: &str) -> Blob {
+    gzip(&LayerTar::new().file(name, name.as_bytes()).finish())
+}
+
+/// Two images sharing the busybox base, each with one layer of its own.
+async fn two_images(reg: &Registry) -> (TestImage, TestImage) {
+    let a = build(ImageSpec {
+        layers: vec![busybox_layer(), extra_layer("a")],
+        ..ImageSpec::default()
+    });
+    let b = build(ImageSpec {
+        layers: vec![busybox_layer(), extra_layer("b")],
+        ..ImageSpec::default()
+    });
+    let p = Pusher::new(reg);
+    p.image("gc/a", "latest", &a).await;
+    p.image("gc/b", "latest", &b).await;
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remove_by_tag_id_and_digest_with_gc() {
+    let reg = Registry::start();
+    let (a, b) = two_images(&reg).await;
+    let s = store().await;
+    let ra = format!("{}/gc/a:latest", reg.host);
+    let rb = format!("{}/gc/b:latest", reg.host);
+    let ia = s.svc.pull(&ra, &anon()).await.unwrap();
+    let ib = s.svc.pull(&rb, &anon()).await.unwrap();
+    assert_eq!(s.layers().len(), 3);
+    // 2 manifests + 2 configs + 3 layers.
+    assert_eq!(s.blobs().len(), 7);
+
+    // A second tag on a: removing one tag only untags.
+    let reg2 = Pusher::new(&reg);
+    reg2.image("gc/a", "v2", &a).await;
+    let ra2 = format!("{}/gc/a:v2", reg.host);
+    s.svc.pull(&ra2, &anon()).await.unwrap();
+    assert!(s.svc.remove(&ra).await.unwrap());
+    let left = s.svc.get(&ia.id).unwrap().unwrap();
+    assert_eq!(left.repo_tags, vec![ra2.clone()]);
+    assert_eq!(s.layers().len(), 3);
+
+    // Removing a by ID removes all its names; the shared base stays for b.
+    assert!(s.svc.remove(&ia.id).await.unwrap());
+    assert_eq!(s.svc.get(&ra2).unwrap(), None);
+    assert_eq!(s.layers().len(), 2);
+    assert_eq!(s.blobs().len(), 4);
+    // Idempotent.
+    assert!(!s.svc.remove(&ia.id).await.unwrap());
+    assert!(!s.svc.remove(&ra).await.unwrap());
+
+    // Removing b by digest reference removes it with its last name.
+    let by_digest = format!("{}/gc/b@{}", reg.host, b.manifest_digest());
+    s.svc.remove(&rb).await.unwrap();
+    assert_eq!(
+        s.svc.get(&ib.id).unwrap(),
+        None,
+        "last tag gone = image gone"
+    );
+    s.svc.pull(&by_digest, &anon()).await.unwrap();
+    assert!(s.svc.remove(&by_digest).await.unwrap());
+    assert!(s.svc.list().unwrap().is_empty());
+    assert!(s.layers().is_empty(), "{:?}", s.layers());
+    assert!(s.blobs().is_empty(), "{:?}", s.blobs());
+    let usage = s.svc.fs_usage().await.unwrap();
+    assert!(usage.inodes < 10, "{usage:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leased_image_can_be_removed_without_breaking_its_container() {
+    let reg = Registry::start();
+    let (a, _) = two_images(&reg).await;
+    let s = store().await;
+    let ra = format!("{}/gc/a", reg.host);
+    let img = s.svc.pull(&ra, &anon()).await.unwrap();
+    let dirs = s.svc.lease("ctr-1", &ra).await.unwrap();
+    assert_eq!(dirs, s.svc.layer_dirs(&img));
+    assert_eq!(s.svc.leases().unwrap()[0].1.image_id, a.id());
+
+    // Prune skips images in use.
+    assert!(s.svc.prune().await.unwrap().is_empty());
+    assert!(s.svc.remove(&img.id).await.unwrap());
+    assert!(s.svc.list().unwrap().is_empty());
+    for d in &dirs {
+        assert!(
+            d.join(".").is_dir(),
+            "leased layer {} was removed",
+            d.display()
+        );
+    }
+    // Blobs are not needed by a container and go at once.
+    assert!(s.blobs().is_empty());
+    s.svc.release("ctr-1").await.unwrap();
+    s.svc.release("ctr-1").await.unwrap();
+    assert!(s.layers().is_empty());
+    let err = s.svc.lease("ctr-2", "no/such:image").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_keeps_pinned_images_and_state_survives_restart() {
+    let reg = Registry::start();
+    two_images(&reg).await;
+    let root = tempfile::tempdir().unwrap();
+    let meta = std::sync::Arc::new(crust_store::Store::open(&root.path().join("meta.db")).unwrap());
+    let svc = crust_image::ImageService::open(crust_image::Config::new(root.path()), meta.clone())
+        .await
+        .unwrap();
+    let ra = format!("{}/gc/a", reg.host);
+    let rb = format!("{}/gc/b", reg.host);
+    svc.pull(&ra, &anon()).await.unwrap();
+    svc.pull(&rb, &anon()).await.unwrap();
+    svc.set_pinned(&ra, true).await.unwrap();
+    // Leftovers of a crash: a temp blob and a half-unpacked layer.
+    std::fs::write(root.path().join("content/ingest/.tmp-left"), b"x").unwrap();
+    std::fs::create_dir_all(root.path().join("layers/.tmp-half/diff")).unwrap();
+    drop(svc);
+
+    let svc = crust_image::ImageService::open(crust_image::Config::new(root.path()), meta)
+        .await
+        .unwrap();
+    assert_eq!(svc.list().unwrap().len(), 2);
+    assert!(list(&root.path().join("content/ingest")).is_empty());
+    assert!(!root.path().join("layers/.tmp-half").exists());
+    let pruned = svc.prune().await.unwrap();
+    assert_eq!(pruned.len(), 1);
+    assert_eq!(pruned[0].repo_tags, vec![format!("{rb}:latest")]);
+    let kept = svc.list().unwrap();
+    assert!(kept.len() == 1 && kept[0].pinned);
+    assert_eq!(list(&root.path().join("layers")).len(), 2);
+}
+
+/// Builds an OCI image-layout tar of `img` named `name`.
+fn oci_layout(img: &TestImage, name: &str) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, data: &[u8]| {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, path, data).unwrap();
+    };
+    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": img.manifest_type,
+            "digest": img.manifest_digest(),
+            "size": img.manifest.len(),
+            "annotations": {
+                "io.containerd.image.name": name,
+                "org.opencontainers.image.ref.name": "latest",
+            },
+        }],
+    });
+    add("index.json", &serde_json::to_vec(&index).unwrap());
+    for blob in img
+        .layers
+        .iter()
+        .map(|l| &l.bytes)
+        .chain([&img.config, &img.manifest])
+    {
+        add(&format!("blobs/sha256/{}", &sha(blob)[7..]), blob);
+    }
+    b.into_inner().unwrap()
+}
+
+/// Builds a classic `docker save` tar: uncompressed layers, manifest.json,
+/// and a repeated layer stored as a symlink, as docker does.
+fn docker_save(layers: &[Vec<u8>], tags: &[&str]) -> (Vec<u8>, String) {
+    let diff_ids: Vec<String> = layers.iter().map(|l| sha(l)).collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"User": "www-data", "Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let config_name = format!("{}.json", &sha(&config)[7..]);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut layer_paths = Vec::new();
+    for (i, l) in layers.iter().enumerate() {
+        let path = format!("layer{i}/layer.tar");
+        if i > 0 && l == &layers[0] {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            h.set_cksum();
+            b.append_link(&mut h, &path, "../layer0/layer.tar").unwrap();
+        } else {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(l.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, &path, l.as_slice()).unwrap();
+        }
+        layer_paths.push(path);
+    }
+    let mut h = tar::Header::new_ustar();
+    h.set_size(config.len() as u64);
+    h.set_cksum();
+    b.append_data(&mut h, &config_name, config.as_slice())
+        .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!([
+        {"Config": config_name, "RepoTags": tags, "Layers": layer_paths}
+    ]))
+    .unwrap();
+    let mut h = tar::Header::new_ustar();
+    h.set_size(manifest.len() as u64);
+    h.set_cksum();
+    b.append_data(&mut h, "manifest.json", manifest.as_slice())
+        .unwrap();
+    (b.into_inner().unwrap(), sha(&config))
+}
+
+fn write_archive(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn imports_oci_layouts_and_docker_save_archives() {
+    let s = store().await;
+    let work = tempfile::tempdir().unwrap();
+
+    let img = build(ImageSpec {
+        layers: vec![
+            busybox_layer(),
+            zstd_layer(&LayerTar::new().file("z", b"z").finish()),
+        ],
+        ..ImageSpec::default()
+    });
+    let oci = oci_layout(&img, "registry.k8s.io/pause:3.9");
+    let gz = gzip(&oci).bytes;
+    let path = write_archive(work.path(), "oci.tar.gz", &gz);
+    let got = s.svc.import(&path).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, img.id());
+    assert_eq!(
+        got[0].repo_tags,
+        vec!["registry.k8s.io/pause:3.9".to_string()]
+    );
+    assert!(got[0].repo_digests.is_empty());
+    assert!(s.svc.get("registry.k8s.io/pause:3.9").unwrap().is_some());
+
+    let extra = LayerTar::new().file("x", b"x").finish();
+    let (save, config_digest) =
+        docker_save(&[busybox_tar(), extra, busybox_tar()], &["busybox:saved"]);
+    let path = write_archive(work.path(), "save.tar", &save);
+    let got = s.svc.import(&path).await.unwrap();
+    assert_eq!(got[0].id, config_digest);
+    assert_eq!(
+        got[0].repo_tags,
+        vec!["docker.io/library/busybox:saved".to_string()]
+    );
+    assert_eq!(got[0].config.user, "www-data");
+    assert_eq!(got[0].chain_ids.len(), 3);
+    let dirs = s.svc.layer_dirs(&got[0]);
+    assert!(dirs[2].join("bin/busybox").is_file());
+    // Nothing the archives held beyond the images stays (no stray blobs).
+    assert!(s.ingest().is_empty());
+    assert_eq!(s.svc.list().unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_archives_are_refused() {
+    let s = store().await;
+    let work = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+
+    // A blob stored under a name that is not its digest.
+    let img = build(ImageSpec::default());
+    let mut layout = oci_layout(&img, "a/b:c");
+    let bad = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_ustar();
+        let data = b"not what the name says";
+        h.set_size(data.len() as u64);
+        h.set_cksum();
+        b.append_data(
+            &mut h,
+            format!("blobs/sha256/{}", "0".repeat(64)),
+            &data[..],
+        )
+        .unwrap();
+        b.into_inner().unwrap()
+    };
+    // Put the bad blob first (the rest of the layout follows).
+    layout = [bad[..bad.len() - 1024].to_vec(), layout].concat();
+    let err = s
+        .svc
+        .import(&write_archive(work.path(), "bad.tar", &layout))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidContent, "{err}");
+    assert!(err.to_string().contains("has digest"), "{err}");
+
+    // Paths escaping the archive are only names: nothing lands outside.
+    let target = format!(
+        "../../../../../../../..{}/escaped",
+        outside.path().display()
+    );
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1);
+    {
+        let slot = &mut h.as_old_mut().name;
+        slot[..target.len()].copy_from_slice(target.as_bytes());
+    }
+    h.set_cksum();
+    b.append(&h, &b"x"[..]).unwrap();
+    let escaping = b.into_inner().unwrap();
+    let err = s
+        .svc
+        .import(&write_archive(work.path(), "escape.tar", &escaping))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidContent, "{err}");
+    assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+
+    // An image in the archive with a hostile layer is refused like a pulled one.
+    let hostile = LayerTar::new()
+        .symlink("esc", outside.path().to_str().unwrap())
+        .file("esc/evil", b"x")
+        .finish();
+    let (save, _) = docker_save(&[hostile], &["evil:latest"]);
+    let err = s
+        .svc
+        .import(&write_archive(work.path(), "evil.tar", &save))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("symlink"), "{err}");
+    assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    assert!(s.svc.list().unwrap().is_empty());
+    assert!(s.blobs().is_empty(), "{:?}", s.blobs());
+    assert!(s.layers().is_empty(), "{:?}", s.layers());
+
+    let err = s
+        .svc
+        .import(&write_archive(work.path(), "junk.tar", b"junk"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidContent, "{err}");
+}
