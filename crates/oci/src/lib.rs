@@ -1,0 +1,80 @@
+//! CRI ContainerConfig + PodSandboxConfig + image config -> OCI runtime spec.
+//!
+//! Pure functions: no I/O but what the caller passes in (the image's
+//! /etc/passwd and /etc/group as text, host look-ups through the small
+//! [`Host`] trait). Every field a request or an image supplies is treated as
+//! hostile and checked; errors are [`SpecError`]s whose `Display` names the
+//! CRI field (`config.mounts[2].container_path: must be absolute`) and whose
+//! [`SpecError::class`] says which gRPC code to return.
+//!
+//! Entry points:
+//! - [`container_spec`] for CreateContainer,
+//! - [`pause_spec`] for the pause process of a pod that shares a PID
+//!   namespace,
+//! - helpers the daemon needs elsewhere: [`resolve_user`] (also for
+//!   ContainerStatus.user), [`stop_signal`], [`cgroups_path`],
+//!   [`pod_cgroup_parent`], [`pod_sysctls`] (for the namespace pinning at
+//!   RunPodSandbox), [`default_seccomp_profile`], [`parse_seccomp_profile`],
+//!   and [`libcontainer_compat`] for the embedded runtime.
+//!
+//! Behaviour follows containerd's CRI plugin unless noted. Deliberate
+//! differences:
+//! - A missing host path of a mount is an error (containerd creates it).
+//! - Masked/read-only paths: the request's lists replace the defaults when
+//!   non-empty; empty lists (proto3 cannot tell "unset" from "empty") mean
+//!   the defaults, never "unmasked" (that needs user namespaces, which crust
+//!   does not support).
+//! - The default seccomp profile is stricter than moby's (see [`seccomp`]).
+//! - Ambient capabilities are also added to the other four sets.
+//! - Not implemented, rejected with a clear error: user namespaces, id-mapped
+//!   mounts, image volume mounts, CDI devices, AppArmor Localhost profiles.
+//!   Ignored: SELinux options and relabelling (no SELinux on crust hosts),
+//!   AppArmor RuntimeDefault (no AppArmor), image `Volumes` (no anonymous
+//!   volumes: the directories already exist in the image, as with CRI-O's
+//!   `image_volumes = "ignore"`).
+
+mod caps;
+mod cgroup;
+mod compat;
+mod devices;
+mod error;
+mod input;
+mod mounts;
+mod namespaces;
+mod process;
+mod resources;
+pub mod seccomp;
+mod signal;
+mod spec;
+mod sysctls;
+mod user;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use caps::{ALL_CAPABILITIES, DEFAULT_CAPABILITIES, capabilities};
+pub use cgroup::{
+    DEFAULT_CGROUPFS_PARENT, DEFAULT_SYSTEMD_PARENT, cgroups_path, pod_cgroup_parent,
+};
+pub use compat::{libcontainer_compat, swap_masked_eq};
+pub use error::{ErrorClass, SpecError};
+pub use input::{
+    CgroupDriver, Host, HostDevice, HostPropagation, ImageConfig, PauseInput, PodFacts,
+    RuntimeFacts, SeccompArch, SpecInput, UnsetSeccomp,
+};
+pub use mounts::default_mounts;
+pub use process::{DEFAULT_PATH_ENV, process_args, process_cwd, process_env};
+pub use seccomp::{
+    MAX_SECCOMP_PROFILE_BYTES, default_seccomp_profile, parse_seccomp_profile,
+    seccomp_architectures,
+};
+pub use signal::{parse_signal, stop_signal};
+pub use spec::{
+    DEFAULT_MASKED_PATHS, DEFAULT_READONLY_PATHS, OCI_VERSION, PAUSE_OOM_SCORE_ADJ, PAUSE_UID,
+    annotations, container_spec, pause_spec,
+};
+pub use sysctls::{SysctlNamespace, pod_sysctls, sysctl_namespace};
+pub use user::{ResolvedUser, resolve_user};
+
+pub use oci_spec::runtime::Spec;

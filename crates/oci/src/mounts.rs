@@ -1,0 +1,253 @@
+//! Mounts: the default set (/proc, /dev, /dev/pts, /dev/shm, /dev/mqueue,
+//! /sys, /sys/fs/cgroup), the pod's files (/etc/hosts, /etc/resolv.conf,
+//! /etc/hostname, /dev/shm), and the request's bind mounts with read-only,
+//! recursive read-only and propagation, in containerd's order.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use crust_api::v1::{ContainerConfig, MountPropagation};
+use oci_spec::runtime::Mount;
+
+use crate::validate::{abs_path, depth, is_under, no_nul};
+use crate::{Host, HostPropagation, PodFacts, RuntimeFacts, SpecError};
+
+fn mount(dest: &str, typ: &str, source: &str, options: &[&str]) -> Mount {
+    let mut m = Mount::default();
+    m.set_destination(PathBuf::from(dest));
+    m.set_typ(Some(typ.to_string()));
+    m.set_source(Some(PathBuf::from(source)));
+    m.set_options(Some(options.iter().map(|o| o.to_string()).collect()));
+    m
+}
+
+/// containerd's default mounts (without /run). /sys and /sys/fs/cgroup are
+/// read-only unless `privileged`.
+pub fn default_mounts(privileged: bool) -> Vec<Mount> {
+    let ro = if privileged { "rw" } else { "ro" };
+    vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        ),
+        mount(
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        ),
+        mount(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        ),
+        mount("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", ro]),
+        mount(
+            "/sys/fs/cgroup",
+            "cgroup",
+            "cgroup",
+            &["nosuid", "noexec", "nodev", "relatime", ro],
+        ),
+    ]
+}
+
+fn bind(dest: &str, source: &Path, options: Vec<String>) -> Mount {
+    let mut m = Mount::default();
+    m.set_destination(PathBuf::from(dest));
+    m.set_typ(Some("bind".to_string()));
+    m.set_source(Some(source.to_path_buf()));
+    m.set_options(Some(options));
+    m
+}
+
+/// The container's mounts and the root propagation they need
+/// (`rslave`/`rshared` when a mount asks for it, else None).
+pub(crate) fn container_mounts(
+    config: &ContainerConfig,
+    privileged: bool,
+    readonly_rootfs: bool,
+    ipc_host: bool,
+    pod: &PodFacts,
+    runtime: &RuntimeFacts,
+    host: &dyn Host,
+) -> Result<(Vec<Mount>, Option<String>), SpecError> {
+    let mut rootfs_propagation: Option<&str> = None;
+    let mut requested: Vec<(String, Mount)> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+
+    for (i, m) in config.mounts.iter().enumerate() {
+        let f = |name: &str| format!("config.mounts[{i}].{name}");
+        if m.image.as_ref().is_some_and(|img| !img.image.is_empty()) {
+            return Err(SpecError::unsupported(f("image"), "image volume mounts"));
+        }
+        if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
+            return Err(SpecError::unsupported(
+                f("uidMappings"),
+                "id-mapped mounts (user namespaces)",
+            ));
+        }
+        let dest = abs_path(&f("container_path"), &m.container_path)?;
+        if dest == "/" {
+            return Err(SpecError::invalid(f("container_path"), "must not be /"));
+        }
+        if is_under(&dest, "/proc") {
+            return Err(SpecError::invalid(
+                f("container_path"),
+                format!("{dest:?} is inside /proc, which must not be mounted over"),
+            ));
+        }
+        if !seen.insert(dest.clone()) {
+            return Err(SpecError::invalid(
+                f("container_path"),
+                format!("{dest:?} is mounted more than once"),
+            ));
+        }
+        let src = abs_path(&f("host_path"), &m.host_path)?;
+        let resolved = host
+            .resolve(Path::new(&src))
+            .map_err(|e| SpecError::from_host_io(f("host_path"), &src, &e))?;
+        no_nul(&f("host_path"), &resolved.to_string_lossy())?;
+
+        let prop = MountPropagation::try_from(m.propagation).map_err(|_| {
+            SpecError::invalid(
+                f("propagation"),
+                format!("unknown propagation {}", m.propagation),
+            )
+        })?;
+        let mut options = vec!["rbind".to_string()];
+        match prop {
+            MountPropagation::PropagationPrivate => options.push("rprivate".into()),
+            MountPropagation::PropagationHostToContainer => {
+                let p = host
+                    .propagation(&resolved)
+                    .map_err(|e| SpecError::from_host_io(f("host_path"), &resolved, &e))?;
+                if p == HostPropagation::Private {
+                    return Err(SpecError::precondition(
+                        f("propagation"),
+                        format!(
+                            "PROPAGATION_HOST_TO_CONTAINER needs {resolved:?} on a shared or slave mount, it is on a private one"
+                        ),
+                    ));
+                }
+                options.push("rslave".into());
+                if rootfs_propagation != Some("rshared") {
+                    rootfs_propagation = Some("rslave");
+                }
+            }
+            MountPropagation::PropagationBidirectional => {
+                let p = host
+                    .propagation(&resolved)
+                    .map_err(|e| SpecError::from_host_io(f("host_path"), &resolved, &e))?;
+                if p != HostPropagation::Shared {
+                    return Err(SpecError::precondition(
+                        f("propagation"),
+                        format!(
+                            "PROPAGATION_BIDIRECTIONAL needs {resolved:?} on a shared mount, it is on a {} one",
+                            if p == HostPropagation::Slave {
+                                "slave"
+                            } else {
+                                "private"
+                            }
+                        ),
+                    ));
+                }
+                options.push("rshared".into());
+                rootfs_propagation = Some("rshared");
+            }
+        }
+        options.push(if m.readonly { "ro" } else { "rw" }.into());
+        if m.recursive_read_only {
+            if !m.readonly {
+                return Err(SpecError::invalid(
+                    f("recursive_read_only"),
+                    "requires readonly to be set",
+                ));
+            }
+            if prop != MountPropagation::PropagationPrivate {
+                return Err(SpecError::invalid(
+                    f("recursive_read_only"),
+                    "requires propagation PROPAGATION_PRIVATE",
+                ));
+            }
+            if !runtime.rro_supported {
+                return Err(SpecError::unsupported(
+                    f("recursive_read_only"),
+                    "recursive read-only mounts on this runtime handler",
+                ));
+            }
+            options.push("rro".into());
+        }
+        // selinux_relabel: no SELinux on crust's hosts; ignored.
+        requested.push((dest.clone(), bind(&dest, &resolved, options)));
+    }
+
+    // The pod's files, unless the request mounts something there itself.
+    let pod_opts = |ro: bool| -> Vec<String> {
+        vec![
+            "rbind".into(),
+            "rprivate".into(),
+            if ro { "ro" } else { "rw" }.into(),
+        ]
+    };
+    let mut extra: Vec<(String, Mount)> = Vec::new();
+    for (dest, src) in [
+        ("/etc/hostname", pod.hostname_file.as_deref()),
+        ("/etc/hosts", pod.hosts.as_deref()),
+        ("/etc/resolv.conf", pod.resolv_conf.as_deref()),
+    ] {
+        if let Some(src) = src
+            && !seen.contains(dest)
+        {
+            extra.push((dest.to_string(), bind(dest, src, pod_opts(readonly_rootfs))));
+        }
+    }
+    let shm = if ipc_host {
+        Some(Path::new("/dev/shm"))
+    } else {
+        pod.shm.as_deref()
+    };
+    if let Some(src) = shm
+        && !seen.contains("/dev/shm")
+    {
+        extra.push((
+            "/dev/shm".to_string(),
+            bind("/dev/shm", src, pod_opts(false)),
+        ));
+    }
+
+    let mut supplied = requested;
+    supplied.extend(extra);
+    // Parents before children, otherwise request order (stable sort).
+    supplied.sort_by_key(|(dest, _)| depth(dest));
+    let supplied_dests: HashSet<&str> = supplied.iter().map(|(d, _)| d.as_str()).collect();
+    let dev_supplied = supplied_dests.contains("/dev");
+
+    let mut mounts: Vec<Mount> = default_mounts(privileged)
+        .into_iter()
+        .filter(|m| {
+            let d = m.destination().to_string_lossy();
+            let replaced = supplied_dests.contains(d.as_ref());
+            let under_supplied_dev = dev_supplied && is_under(&d, "/dev");
+            !replaced && !under_supplied_dev
+        })
+        .collect();
+    mounts.extend(supplied.into_iter().map(|(_, m)| m));
+    Ok((mounts, rootfs_propagation.map(str::to_string)))
+}
