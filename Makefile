@@ -18,7 +18,7 @@ TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-stati
 .PHONY: run build release test deps-run deps-test fmt lint critest clean
 
 run: deps-run release
-	./target/release/crust daemon $(RUN_ARGS)
+	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
 
 release: deps-build
 	$(CARGO) build --release --bins

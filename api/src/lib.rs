@@ -1,4 +1,5 @@
-//! The CRI gRPC API as generated Rust code.
+//! The CRI gRPC API as generated Rust code, and crust's private admin API
+//! (`crust.admin.v1`, for the `crust images` commands).
 //!
 //! `v1` is what crust implements. `v1alpha2` is wire-compatible with `v1` for
 //! every field the two share, so the daemon serves it by re-routing its
@@ -13,4 +14,12 @@ pub mod v1 {
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1alpha2 {
     tonic::include_proto!("runtime.v1alpha2");
+}
+
+/// crust's own admin services, served on the CRI socket for the operator CLI.
+pub mod admin {
+    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    pub mod v1 {
+        tonic::include_proto!("crust.admin.v1");
+    }
 }

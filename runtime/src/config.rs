@@ -32,6 +32,11 @@ pub struct NetworkConfig {
     pub cni_conf_dir: PathBuf,
     /// Where CNI plugin binaries are looked up, in order.
     pub cni_bin_dirs: Vec<PathBuf>,
+    /// At start, write a default bridge network (`10-crust.conflist`:
+    /// bridge + host-local + portmap + loopback on 10.88.0.0/16, or the pod
+    /// CIDR from UpdateRuntimeConfig) into `cni_conf_dir` when that dir
+    /// holds no network config, so a fresh node has pod networking.
+    pub install_default_conflist: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +91,7 @@ impl Default for NetworkConfig {
         NetworkConfig {
             cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
             cni_bin_dirs: vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
+            install_default_conflist: false,
         }
     }
 }

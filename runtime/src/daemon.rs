@@ -1,20 +1,27 @@
 //! The daemon's shared state, built once at start and handed to every
 //! service.
 
-use std::path::Path;
-use std::sync::RwLock;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
+use crust_image::ImageService;
 use crust_linux::cgroups::{self, Hierarchy};
 use crust_store::{Kind, Record, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
+use crate::pods::Pods;
 
 pub struct Daemon {
     pub config: Config,
-    pub store: Store,
+    /// Shared with the image service (redb opens a file once per process).
+    pub store: Arc<Store>,
     pub cgroup_hierarchy: Hierarchy,
+    /// Images: pull, store, unpack, GC (`crates/image`).
+    pub images: ImageService,
+    /// Pod sandboxes (recovered from the store at start).
+    pub pods: Pods,
     /// Pod CIDRs from UpdateRuntimeConfig, for the default network config.
     pod_cidrs: RwLock<Vec<String>>,
 }
@@ -34,7 +41,7 @@ impl Record for NetworkSettings {
 }
 
 impl Daemon {
-    pub fn open(config: Config) -> anyhow::Result<Daemon> {
+    pub async fn open(config: Config) -> anyhow::Result<Daemon> {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
@@ -47,13 +54,20 @@ impl Daemon {
                 "cgroup_driver = \"systemd\" but systemd is not the init system on this host"
             );
         }
-        let store = Store::open(&config.root.join("meta.db"))
-            .context("opening the metadata store (is another crust daemon using this root?)")?;
+        let store = Arc::new(
+            Store::open(&config.root.join("meta.db"))
+                .context("opening the metadata store (is another crust daemon using this root?)")?,
+        );
         let network = store.get::<NetworkSettings>("network")?.unwrap_or_default();
+        let pods = Pods::open(&config, &store, cgroup_hierarchy, &network.pod_cidrs)
+            .context("recovering pod sandboxes")?;
+        let images = open_images(&config, &store).await?;
         Ok(Daemon {
             config,
             store,
             cgroup_hierarchy,
+            images,
+            pods,
             pod_cidrs: RwLock::new(network.pod_cidrs),
         })
     }
@@ -74,6 +88,23 @@ impl Daemon {
         *guard = cidrs;
         Ok(())
     }
+}
+
+/// Opens the image store (cleaning what an interrupted run left, then
+/// collecting garbage) and the dir of container writable layers.
+async fn open_images(config: &Config, store: &Arc<Store>) -> anyhow::Result<ImageService> {
+    create_private_dir(&containers_dir(config))?;
+    let mut image_config = crust_image::Config::new(&config.root);
+    // A missing hosts.toml dir means defaults for every registry.
+    image_config.registry_config_dir = Some(config.registry.config_dir.clone());
+    ImageService::open(image_config, store.clone())
+        .await
+        .context("opening the image store")
+}
+
+/// Where containers' writable layers (overlayfs upper and work dirs) live.
+pub fn containers_dir(config: &Config) -> PathBuf {
+    config.root.join("containers")
 }
 
 /// Creates `dir` (and parents) readable only by root, as state dirs hold

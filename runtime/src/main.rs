@@ -1,8 +1,10 @@
 //! `crust`: the daemon and the operator CLI.
 
 mod api_version;
+mod cli;
 mod config;
 mod daemon;
+mod pods;
 mod server;
 mod services;
 
@@ -30,6 +32,8 @@ struct Cli {
 enum Command {
     /// Serve the CRI on a Unix socket.
     Daemon(DaemonArgs),
+    /// Pull, list, remove, import and prune images (through the daemon).
+    Images(cli::images::ImagesArgs),
     /// Inspect the configuration.
     Config {
         #[command(subcommand)]
@@ -70,6 +74,9 @@ struct DaemonArgs {
     /// CNI plugin directories, colon-separated.
     #[arg(long, value_name = "DIR[:DIR...]", value_delimiter = ':')]
     cni_bin_dir: Option<Vec<PathBuf>>,
+    /// Write the default bridge network into an empty CNI conf dir at start.
+    #[arg(long)]
+    install_default_conflist: bool,
     /// Registry host config directory (containerd hosts.toml layout).
     #[arg(long, value_name = "DIR")]
     registry_config_dir: Option<PathBuf>,
@@ -98,6 +105,9 @@ impl DaemonArgs {
         set!(self.cni_conf_dir => network.cni_conf_dir);
         set!(self.cni_bin_dir => network.cni_bin_dirs);
         set!(self.registry_config_dir => registry.config_dir);
+        if self.install_default_conflist {
+            c.network.install_default_conflist = true;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -107,6 +117,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Daemon(args) => args.into_config().and_then(run_daemon),
+        Command::Images(args) => cli::images::run(args),
         Command::Config {
             command: ConfigCommand::Default,
         } => {
@@ -139,7 +150,7 @@ fn init_logging(config: &Config) {
     let filter = if config.log_level == LogLevel::Trace {
         level.to_string()
     } else {
-        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn")
+        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error")
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use crust_api::admin::v1::images_server::ImagesServer;
 use crust_api::v1::image_service_server::ImageServiceServer;
 use crust_api::v1::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
@@ -16,7 +17,7 @@ use tracing::{info, warn};
 use crate::api_version::ApiVersionLayer;
 use crate::config::Config;
 use crate::daemon::Daemon;
-use crate::services::Cri;
+use crate::services::{Admin, Cri};
 
 /// How long in-flight calls get to finish after SIGTERM before the daemon
 /// exits anyway (long-lived streams such as GetContainerEvents never finish).
@@ -24,7 +25,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let socket = config.socket.clone();
-    let daemon = Arc::new(Daemon::open(config)?);
+    let daemon = Arc::new(Daemon::open(config).await?);
     let listener = bind(&socket)?;
     let _remove_socket = RemoveOnDrop(socket.clone());
     info!(
@@ -34,12 +35,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "crust is serving the CRI (runtime.v1, runtime.v1alpha2)"
     );
 
+    let admin = Admin::new(daemon.clone());
     let cri = Cri::new(daemon);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         .layer(ApiVersionLayer)
         .add_service(RuntimeServiceServer::new(cri.clone()))
         .add_service(ImageServiceServer::new(cri))
+        // crust's private admin API (`crust images`), on the same socket.
+        .add_service(ImagesServer::new(admin))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
             let _ = stop_rx.await;
         });

@@ -14,6 +14,8 @@ use tonic::transport::{Channel, Endpoint};
 pub use crust_api;
 pub use tonic;
 
+pub mod registry;
+
 /// The `crust` binary under test: `$CRUST_BIN`, else the one cargo built next
 /// to this test binary (`make test` builds it first).
 pub fn crust_bin() -> PathBuf {
@@ -66,7 +68,11 @@ impl DaemonBuilder {
         let cni_conf_dir = dir.path().join("cni");
         std::fs::create_dir_all(&cni_conf_dir).unwrap();
         let config = dir.path().join("config.toml");
-        std::fs::write(&config, self.config_toml.as_deref().unwrap_or("")).unwrap();
+        std::fs::write(
+            &config,
+            test_config(self.config_toml.as_deref().unwrap_or("")),
+        )
+        .unwrap();
         let log = dir.path().join("daemon.log");
         let mut args: Vec<std::ffi::OsString> = vec!["daemon".into()];
         for (flag, value) in [
@@ -148,6 +154,17 @@ impl Daemon {
 
     pub async fn start() -> Daemon {
         Daemon::builder().start().await
+    }
+
+    /// The daemon's private temp dir (socket, root, run dir, CNI conf dir);
+    /// tests put their own scratch files (e.g. CNI IPAM state) here too.
+    pub fn temp_dir(&self) -> &Path {
+        self.dir.as_ref().expect("temp dir").path()
+    }
+
+    /// Stops and removes every pod sandbox of the daemon through the API.
+    pub async fn remove_all_pods(&self) {
+        remove_all_pods(&self.socket).await;
     }
 
     pub fn pid(&self) -> Pid {
@@ -236,6 +253,12 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // Last resort for a test that failed before removing its pods:
+        // through the API while the daemon runs, so CNI DEL and every other
+        // teardown step run as in production.
+        if self.child.is_some() {
+            remove_all_pods_blocking(&self.socket);
+        }
         if let Some(mut child) = self.child.take() {
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
             if wait_timeout(&mut child, Duration::from_secs(10)).is_none() {
@@ -245,6 +268,11 @@ impl Drop for Daemon {
         }
         if std::thread::panicking() {
             eprintln!("--- crust daemon log ---\n{}", self.logs());
+        }
+        // Whatever is still mounted in the run dir (pinned namespaces, shm)
+        // would keep the temp dir from being removed.
+        for mount in mounts_under(&self.run_dir).into_iter().rev() {
+            let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
         }
         if let Some(dir) = self.dir.take() {
             let _ = dir.close();
@@ -280,4 +308,228 @@ pub fn run_crust(args: &[&str]) -> std::process::Output {
         .stdin(Stdio::null())
         .output()
         .expect("run crust")
+}
+
+/// The test's config with `network.install_default_conflist = false` added
+/// unless the test sets it: a test daemon gets a network only from the
+/// test (see [`TestNetwork`]).
+fn test_config(toml_text: &str) -> String {
+    let Ok(mut table) = toml_text.parse::<toml::Table>() else {
+        // Invalid on purpose: the daemon reports it.
+        return toml_text.to_string();
+    };
+    let network = table
+        .entry("network")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let Some(network) = network.as_table_mut() {
+        network
+            .entry("install_default_conflist")
+            .or_insert(toml::Value::Boolean(false));
+    }
+    table.to_string()
+}
+
+async fn remove_all_pods(socket: &Path) {
+    let Ok(channel) = connect(socket).await else {
+        return;
+    };
+    let mut rt = v1::runtime_service_client::RuntimeServiceClient::new(channel);
+    let Ok(list) = rt
+        .list_pod_sandbox(v1::ListPodSandboxRequest::default())
+        .await
+    else {
+        return;
+    };
+    for pod in list.into_inner().items {
+        let id = pod.id;
+        let _ = rt
+            .stop_pod_sandbox(v1::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        if let Err(e) = rt
+            .remove_pod_sandbox(v1::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await
+        {
+            eprintln!("cleanup: RemovePodSandbox failed: {e}");
+        }
+    }
+}
+
+/// [`remove_all_pods`] from synchronous code (Drop), on a thread and
+/// runtime of its own, bounded in time.
+fn remove_all_pods_blocking(socket: &Path) {
+    let socket = socket.to_path_buf();
+    let _ = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_secs(60), remove_all_pods(&socket)).await;
+        });
+    })
+    .join();
+}
+
+/// Mount points at or below `dir`, outermost first.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        // mountinfo escapes spaces and such as octal; test dirs have none.
+        .map(PathBuf::from)
+        .filter(|m| m.starts_with(dir))
+        .collect()
+}
+
+pub fn iptables_save() -> String {
+    let out = Command::new("iptables-save")
+        .output()
+        .expect("run iptables-save");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The bridge plugin turns on the node's ip_forward for a gateway; the value
+/// from before the first test network is put back after the last one.
+static FORWARDING: std::sync::Mutex<(usize, Option<String>)> = std::sync::Mutex::new((0, None));
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+static NETWORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A CNI network of a test's own, written into a daemon's conf dir: a bridge
+/// and a /24 (10.198.x.0/24) no other test (of this or a concurrent run)
+/// uses, host-local IPAM state in the daemon's temp dir, and whatever
+/// plugins the test adds. Drop removes the daemon's pods through the API,
+/// then the bridge and any iptables rule naming the network.
+pub struct TestNetwork {
+    pub name: String,
+    pub bridge: String,
+    /// `10.198.x`; the subnet is `<prefix>.0/24`, the gateway `<prefix>.1`.
+    pub subnet_prefix: String,
+    pub ipam_dir: PathBuf,
+    pub conflist: PathBuf,
+    socket: PathBuf,
+}
+
+impl TestNetwork {
+    /// bridge + host-local, then `more_plugins` (JSON objects).
+    pub fn install(d: &Daemon, more_plugins: &[&str]) -> TestNetwork {
+        let n = NETWORKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 10;
+        let pid = std::process::id();
+        let name = format!("crust-pods-{pid}-{n}");
+        let bridge = format!("cpt{}n{n}", pid % 100_000);
+        let subnet_prefix = format!("10.198.{}", (pid % 25) * 10 + n);
+        let ipam_dir = d.temp_dir().join("ipam");
+        let mut plugins = vec![format!(
+            r#"{{"type": "bridge", "bridge": "{bridge}", "isGateway": true, "ipMasq": true,
+                "hairpinMode": true,
+                "ipam": {{"type": "host-local", "dataDir": "{}",
+                          "ranges": [[{{"subnet": "{subnet_prefix}.0/24"}}]],
+                          "routes": [{{"dst": "0.0.0.0/0"}}]}}}}"#,
+            ipam_dir.display()
+        )];
+        plugins.extend(more_plugins.iter().map(|p| p.to_string()));
+        let text = format!(
+            r#"{{"cniVersion": "1.0.0", "name": "{name}", "plugins": [{}]}}"#,
+            plugins.join(",")
+        );
+        let conflist = d.cni_conf_dir.join("50-test.conflist");
+        std::fs::write(&conflist, text).unwrap();
+        {
+            let mut state = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
+            if state.0 == 0 {
+                state.1 = std::fs::read_to_string(IP_FORWARD).ok();
+            }
+            state.0 += 1;
+        }
+        TestNetwork {
+            name,
+            bridge,
+            subnet_prefix,
+            ipam_dir,
+            conflist,
+            socket: d.socket.clone(),
+        }
+    }
+
+    /// Host-side interfaces on the bridge (the pods' veths).
+    pub fn veths(&self) -> Vec<String> {
+        let out = Command::new("ip")
+            .args(["-o", "link", "show", "master", &self.bridge])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Addresses host-local has handed out.
+    pub fn leases(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(self.ipam_dir.join(&self.name)) else {
+            return vec![];
+        };
+        dir.filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+            .collect()
+    }
+}
+
+impl Drop for TestNetwork {
+    fn drop(&mut self) {
+        remove_all_pods_blocking(&self.socket);
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .output();
+        remove_iptables_rules_mentioning(&self.name);
+        let mut state = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= 1;
+        if state.0 == 0
+            && let Some(original) = state.1.take()
+        {
+            let _ = std::fs::write(IP_FORWARD, original.trim());
+        }
+    }
+}
+
+/// Deletes nat rules whose comment names `tag`, and the per-pod chains they
+/// jump to (a fallback: CNI DEL removes them when all goes well).
+pub fn remove_iptables_rules_mentioning(tag: &str) {
+    let Ok(out) = Command::new("iptables-save").args(["-t", "nat"]).output() else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut chains = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("-A ") && l.contains(tag))
+    {
+        if let Some(target) = line
+            .split(" -j ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            && target.starts_with("CNI-")
+            && !target.starts_with("CNI-HOSTPORT-")
+        {
+            chains.push(target.to_string());
+        }
+        // iptables-save quotes as a shell does.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!("iptables -t nat -D {}", &line[3..]))
+            .output();
+    }
+    for chain in chains {
+        let _ = Command::new("iptables")
+            .args(["-t", "nat", "-F", &chain])
+            .output();
+        let _ = Command::new("iptables")
+            .args(["-t", "nat", "-X", &chain])
+            .output();
+    }
 }

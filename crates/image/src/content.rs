@@ -8,6 +8,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
 use tempfile::NamedTempFile;
@@ -19,6 +20,11 @@ use crate::error::{Error, IoContext, Result};
 pub struct ContentStore {
     blobs: PathBuf,
     ingest: PathBuf,
+    /// Held shared by every [`ContentStore::commit`] until its blob is in
+    /// place, and exclusively by GC while it decides: a commit whose caller
+    /// went away mid-way (a cancelled download) still finishes in its
+    /// blocking task, and must land before GC looks, not after.
+    gate: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl ContentStore {
@@ -32,7 +38,11 @@ impl ContentStore {
             std::fs::remove_dir_all(&ingest).ctx(|| format!("cleaning {}", ingest.display()))?;
         }
         std::fs::create_dir_all(&ingest).ctx(|| format!("creating {}", ingest.display()))?;
-        Ok(ContentStore { blobs, ingest })
+        Ok(ContentStore {
+            blobs,
+            ingest,
+            gate: Arc::default(),
+        })
     }
 
     pub fn path(&self, digest: &Digest) -> PathBuf {
@@ -86,6 +96,23 @@ impl ContentStore {
             expect,
             blobs: self.blobs.clone(),
         })
+    }
+
+    /// Commits a written blob off the async threads (fsync), so that GC
+    /// never runs while it is landing, even if the caller stops waiting.
+    pub async fn commit(&self, writer: BlobWriter) -> Result<Digest> {
+        let guard = self.gate.clone().read_owned().await;
+        tokio::task::spawn_blocking(move || {
+            let _landing = guard;
+            writer.commit()
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("blob commit task: {e}")))?
+    }
+
+    /// Waits for commits in flight and keeps new ones out while held (GC).
+    pub(crate) async fn exclusive(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.gate.clone().write_owned().await
     }
 
     /// Writes small, fully known bytes (a manifest) under their digest.

@@ -1,5 +1,6 @@
 //! The image index: one record per image (keyed by ID = config digest) in
-//! the metadata store, plus the leases containers hold on layers. The
+//! the metadata store's `images` table, plus the leases containers hold on
+//! layers (its `leases` table). The
 //! lookup and tag-moving rules here are pure functions over records.
 
 use std::collections::BTreeMap;
@@ -63,26 +64,37 @@ pub struct Lease {
     pub chain_ids: Vec<Digest>,
 }
 
-const LEASES_KEY: &str = "image-leases";
-
-/// All leases, one record (in the store's `meta` table) so a lease change is
-/// one atomic write.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Leases {
-    #[serde(default)]
-    pub by_container: BTreeMap<String, Lease>,
+/// The stored form of a lease: one record per container, keyed by its ID,
+/// in the store's `leases` table (so taking or dropping a lease is one
+/// small atomic write).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct LeaseRecord {
+    pub container_id: String,
+    #[serde(flatten)]
+    pub lease: Lease,
 }
 
-impl Record for Leases {
-    const KIND: Kind = Kind::Meta;
+impl Record for LeaseRecord {
+    const KIND: Kind = Kind::Lease;
     fn key(&self) -> &str {
-        LEASES_KEY
+        &self.container_id
     }
+}
+
+/// All leases by container ID.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Leases {
+    pub by_container: BTreeMap<String, Lease>,
 }
 
 impl Leases {
     pub fn load(store: &crust_store::Store) -> Result<Self> {
-        Ok(store.get::<Leases>(LEASES_KEY)?.unwrap_or_default())
+        let by_container = store
+            .list::<LeaseRecord>()?
+            .into_iter()
+            .map(|r| (r.container_id, r.lease))
+            .collect();
+        Ok(Leases { by_container })
     }
 }
 
@@ -182,35 +194,6 @@ pub fn add_image(images: &[Image], mut new: Image, tags: &[String], digests: &[S
     }
     changes.put.push(new);
     changes
-}
-
-/// Removing by ID removes the image; by tag, the tag (and the image with
-/// its last tag); by digest, the digest (and the image with its last
-/// reference).
-pub fn remove_ref(image: &Image, how: &Match) -> Changes {
-    let mut img = image.clone();
-    let gone = match how {
-        Match::Id => true,
-        Match::Tag(t) => {
-            img.repo_tags.retain(|x| x != t);
-            img.repo_tags.is_empty()
-        }
-        Match::Digest(d) => {
-            img.repo_digests.retain(|x| x != d);
-            !img.has_refs()
-        }
-    };
-    if gone {
-        Changes {
-            put: vec![],
-            delete: vec![img.id],
-        }
-    } else {
-        Changes {
-            put: vec![img],
-            delete: vec![],
-        }
-    }
 }
 
 fn union<T: Clone + PartialEq>(a: &[T], b: &[T]) -> Vec<T> {
@@ -333,24 +316,5 @@ mod tests {
         assert_eq!(c.put.len(), 1);
         assert_eq!(c.put[0].repo_tags, ["a/b:1", "a/b:2"]);
         assert!(c.put[0].pinned);
-    }
-
-    #[test]
-    fn removing_refs() {
-        let d = digest_ref("x/y", 7);
-        let img = image(1, &["x/y:1", "x/y:2"], &[&d]);
-        let c = remove_ref(&img, &Match::Tag("x/y:1".into()));
-        assert_eq!(c.put[0].repo_tags, ["x/y:2"]);
-        let last_tag = image(1, &["x/y:1"], &[&d]);
-        let id = vec![img.id.clone()];
-        assert_eq!(
-            remove_ref(&last_tag, &Match::Tag("x/y:1".into())).delete,
-            id
-        );
-        assert_eq!(remove_ref(&img, &Match::Id).delete, id);
-        let c = remove_ref(&img, &Match::Digest(d.clone()));
-        assert!(c.put[0].repo_digests.is_empty() && c.put[0].repo_tags.len() == 2);
-        let digest_only = image(1, &[], &[&d]);
-        assert_eq!(remove_ref(&digest_only, &Match::Digest(d)).delete.len(), 1);
     }
 }

@@ -126,12 +126,15 @@ struct EndpointClient {
     auth: OnceCell<RegistryAuth>,
 }
 
-/// Download progress of one blob, for progress bars.
+/// Download progress of one blob, for progress bars. A blob (or layer)
+/// already in the store is reported once, complete, with `present` set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Progress {
     pub digest: Digest,
     pub done: u64,
     pub total: u64,
+    /// Already in the store: nothing was downloaded.
+    pub present: bool,
 }
 
 pub type ProgressFn = Arc<dyn Fn(Progress) + Send + Sync>;
@@ -304,12 +307,11 @@ impl Remote {
                     digest: desc.digest.clone(),
                     done: writer.written(),
                     total: desc.size,
+                    present: false,
                 });
             }
         }
-        tokio::task::spawn_blocking(move || writer.commit())
-            .await
-            .map_err(|e| Error::Internal(format!("blob commit task: {e}")))??;
+        content.commit(writer).await?;
         Ok(())
     }
 

@@ -23,9 +23,9 @@ use tokio::sync::{OnceCell, Semaphore, watch};
 
 use crate::content::ContentStore;
 use crate::digest::{Digest, chain_ids};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::hosts::RegistryHosts;
-use crate::index::{self, Changes, Image, Lease, Leases};
+use crate::index::{self, Changes, Image, Lease, LeaseRecord, Leases};
 use crate::keyed::{KeyedLocks, PinSet, Pins};
 use crate::layers::{LayerStore, remove_dir};
 use crate::manifest::{
@@ -149,9 +149,19 @@ impl ImageService {
             .clone();
         let result = cell
             .get_or_init(|| async {
-                self.pull_uncached(&reference, creds, progress.as_ref())
-                    .await
-                    .map_err(Arc::new)
+                let result = self
+                    .pull_uncached(&reference, creds, progress.as_ref())
+                    .await;
+                if let Err(e) = &result
+                    && e.kind() == ErrorKind::InvalidContent
+                {
+                    // Corrupt or hostile content: keep nothing of it (its
+                    // pins are gone now; other pulls' content stays pinned).
+                    if let Err(gc) = self.gc().await {
+                        tracing::warn!(error = %gc, "cleaning up after a rejected image");
+                    }
+                }
+                result.map_err(Arc::new)
             })
             .await
             .clone();
@@ -294,6 +304,7 @@ impl ImageService {
         let _lock = self.inner.blob_locks.lock(desc.digest.hex()).await;
         if let Some(size) = self.inner.content.size(&desc.digest) {
             return if size == desc.size {
+                report_present(source, desc);
                 Ok(())
             } else {
                 Err(Error::verification(
@@ -366,6 +377,7 @@ impl ImageService {
             ));
         }
         if self.inner.layers.has(chain) {
+            report_present(source, desc);
             return Ok(());
         }
         let fetch = async {
@@ -436,22 +448,23 @@ impl ImageService {
         Ok(index::find(&images, query)?.map(|(i, _)| i.clone()))
     }
 
-    /// RemoveImage: by ID removes the image with all its names; by tag or
-    /// digest only that name, and the image with its last name. Returns
-    /// false when nothing matched (not an error: removal is idempotent).
-    /// Layers a container leases stay until it is released.
+    /// RemoveImage: removes the image the query names (by ID, ID prefix,
+    /// tag or digest reference) with all its tags and digests, as containerd
+    /// does and as crictl and critest expect ("removing image by one tag
+    /// should remove all tags"). Returns false when nothing matched (not an
+    /// error: removal is idempotent). Layers a container leases stay until
+    /// it is released.
     pub async fn remove(&self, query: &str) -> Result<bool> {
         let _index = self.inner.index_lock.lock().await;
         let images = self.list()?;
-        let Some((image, how)) = index::find(&images, query)? else {
+        let Some((image, _)) = index::find(&images, query)? else {
             return Ok(false);
         };
-        let changes = index::remove_ref(image, &how);
-        let deleted = !changes.delete.is_empty();
-        self.apply(changes)?;
-        if deleted {
-            self.gc_locked().await?;
-        }
+        self.apply(Changes {
+            put: vec![],
+            delete: vec![image.id.clone()],
+        })?;
+        self.gc_locked().await?;
         Ok(true)
     }
 
@@ -518,15 +531,13 @@ impl ImageService {
                 image.id
             )));
         }
-        let mut leases = Leases::load(&self.inner.store)?;
-        leases.by_container.insert(
-            container_id.to_string(),
-            Lease {
+        self.inner.store.put(&LeaseRecord {
+            container_id: container_id.to_string(),
+            lease: Lease {
                 image_id: image.id.clone(),
                 chain_ids: image.chain_ids.clone(),
             },
-        );
-        self.inner.store.put(&leases)?;
+        })?;
         Ok(self.layer_dirs(image))
     }
 
@@ -534,11 +545,9 @@ impl ImageService {
     /// else uses.
     pub async fn release(&self, container_id: &str) -> Result<()> {
         let _index = self.inner.index_lock.lock().await;
-        let mut leases = Leases::load(&self.inner.store)?;
-        if leases.by_container.remove(container_id).is_none() {
+        if !self.inner.store.delete::<LeaseRecord>(container_id)? {
             return Ok(());
         }
-        self.inner.store.put(&leases)?;
         self.gc_locked().await
     }
 
@@ -593,6 +602,7 @@ impl ImageService {
             .chain(leases.by_container.values().flat_map(|l| &l.chain_ids))
             .collect();
         let mut trash = Vec::new();
+        let landed = self.inner.content.exclusive().await;
         for d in self.inner.content.list()? {
             if keep_blobs.contains(&d) {
                 continue;
@@ -602,6 +612,7 @@ impl ImageService {
                 self.inner.content.remove(&d)?;
             }
         }
+        drop(landed);
         for c in self.inner.layers.list()? {
             if keep_layers.contains(&c) {
                 continue;
@@ -710,6 +721,19 @@ impl CancelToken {
     async fn cancelled(&mut self) {
         // Err = the Cancel is gone, which cancels too.
         let _ = self.rx.wait_for(|c| *c).await;
+    }
+}
+
+/// Tells a progress watcher that a blob is already here (complete at once),
+/// so it can show every layer of the image, shared ones included.
+fn report_present(source: Source<'_>, desc: &Descriptor) {
+    if let Source::Registry(_, Some(report)) = source {
+        report(crate::registry::Progress {
+            digest: desc.digest.clone(),
+            done: desc.size,
+            total: desc.size,
+            present: true,
+        });
     }
 }
 

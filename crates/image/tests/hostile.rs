@@ -22,12 +22,13 @@ async fn pull_hostile(reg: &Registry, s: &Store, repo: &str, tar: Vec<u8>) -> St
     err.to_string()
 }
 
+/// A rejected image leaves nothing: no record, no temp file, and none of
+/// its blobs or layers (not even the good ones).
 fn assert_nothing_kept(s: &Store) {
     assert!(s.svc.list().unwrap().is_empty());
     assert!(s.ingest().is_empty(), "temp files left: {:?}", s.ingest());
-    for l in s.layers() {
-        assert!(!l.starts_with(".tmp"), "temp layer dir left: {l}");
-    }
+    assert!(s.blobs().is_empty(), "blobs left: {:?}", s.blobs());
+    assert!(s.layers().is_empty(), "layers left: {:?}", s.layers());
 }
 
 #[tokio::test(flavor = "multi_thread")]

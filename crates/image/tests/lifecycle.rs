@@ -40,33 +40,37 @@ async fn remove_by_tag_id_and_digest_with_gc() {
     // 2 manifests + 2 configs + 3 layers.
     assert_eq!(s.blobs().len(), 7);
 
-    // A second tag on a: removing one tag only untags.
+    // A second tag on a: removing by one tag removes the image with all its
+    // names (as containerd, crictl and critest expect).
     let reg2 = Pusher::new(&reg);
     reg2.image("gc/a", "v2", &a).await;
     let ra2 = format!("{}/gc/a:v2", reg.host);
     s.svc.pull(&ra2, &anon()).await.unwrap();
+    assert_eq!(
+        s.svc.get(&ia.id).unwrap().unwrap().repo_tags,
+        vec![ra.clone(), ra2.clone()]
+    );
     assert!(s.svc.remove(&ra).await.unwrap());
-    let left = s.svc.get(&ia.id).unwrap().unwrap();
-    assert_eq!(left.repo_tags, vec![ra2.clone()]);
-    assert_eq!(s.layers().len(), 3);
-
-    // Removing a by ID removes all its names; the shared base stays for b.
-    assert!(s.svc.remove(&ia.id).await.unwrap());
     assert_eq!(s.svc.get(&ra2).unwrap(), None);
+    assert_eq!(s.svc.get(&ia.id).unwrap(), None);
+    // The shared base stays for b.
     assert_eq!(s.layers().len(), 2);
     assert_eq!(s.blobs().len(), 4);
     // Idempotent.
     assert!(!s.svc.remove(&ia.id).await.unwrap());
     assert!(!s.svc.remove(&ra).await.unwrap());
 
-    // Removing b by digest reference removes it with its last name.
+    // By ID.
+    s.svc.pull(&ra, &anon()).await.unwrap();
+    assert!(s.svc.remove(&ia.id).await.unwrap());
+    assert_eq!(s.svc.get(&ra).unwrap(), None);
+    assert_eq!(s.layers().len(), 2);
+
+    // By digest reference: the tag goes too.
     let by_digest = format!("{}/gc/b@{}", reg.host, b.manifest_digest());
-    s.svc.remove(&rb).await.unwrap();
-    assert_eq!(
-        s.svc.get(&ib.id).unwrap(),
-        None,
-        "last tag gone = image gone"
-    );
+    assert!(s.svc.remove(&by_digest).await.unwrap());
+    assert_eq!(s.svc.get(&ib.id).unwrap(), None);
+    assert_eq!(s.svc.get(&rb).unwrap(), None);
     s.svc.pull(&by_digest, &anon()).await.unwrap();
     assert!(s.svc.remove(&by_digest).await.unwrap());
     assert!(s.svc.list().unwrap().is_empty());
@@ -138,88 +142,6 @@ async fn prune_keeps_pinned_images_and_state_survives_restart() {
     let kept = svc.list().unwrap();
     assert!(kept.len() == 1 && kept[0].pinned);
     assert_eq!(list(&root.path().join("layers")).len(), 2);
-}
-
-/// Builds an OCI image-layout tar of `img` named `name`.
-fn oci_layout(img: &TestImage, name: &str) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    let mut add = |path: &str, data: &[u8]| {
-        let mut h = tar::Header::new_ustar();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, path, data).unwrap();
-    };
-    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": img.manifest_type,
-            "digest": img.manifest_digest(),
-            "size": img.manifest.len(),
-            "annotations": {
-                "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": "latest",
-            },
-        }],
-    });
-    add("index.json", &serde_json::to_vec(&index).unwrap());
-    for blob in img
-        .layers
-        .iter()
-        .map(|l| &l.bytes)
-        .chain([&img.config, &img.manifest])
-    {
-        add(&format!("blobs/sha256/{}", &sha(blob)[7..]), blob);
-    }
-    b.into_inner().unwrap()
-}
-
-/// Builds a classic `docker save` tar: uncompressed layers, manifest.json,
-/// and a repeated layer stored as a symlink, as docker does.
-fn docker_save(layers: &[Vec<u8>], tags: &[&str]) -> (Vec<u8>, String) {
-    let diff_ids: Vec<String> = layers.iter().map(|l| sha(l)).collect();
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"User": "www-data", "Cmd": ["sh"]},
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    }))
-    .unwrap();
-    let config_name = format!("{}.json", &sha(&config)[7..]);
-    let mut b = tar::Builder::new(Vec::new());
-    let mut layer_paths = Vec::new();
-    for (i, l) in layers.iter().enumerate() {
-        let path = format!("layer{i}/layer.tar");
-        if i > 0 && l == &layers[0] {
-            let mut h = tar::Header::new_ustar();
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            h.set_cksum();
-            b.append_link(&mut h, &path, "../layer0/layer.tar").unwrap();
-        } else {
-            let mut h = tar::Header::new_ustar();
-            h.set_size(l.len() as u64);
-            h.set_mode(0o644);
-            h.set_cksum();
-            b.append_data(&mut h, &path, l.as_slice()).unwrap();
-        }
-        layer_paths.push(path);
-    }
-    let mut h = tar::Header::new_ustar();
-    h.set_size(config.len() as u64);
-    h.set_cksum();
-    b.append_data(&mut h, &config_name, config.as_slice())
-        .unwrap();
-    let manifest = serde_json::to_vec(&serde_json::json!([
-        {"Config": config_name, "RepoTags": tags, "Layers": layer_paths}
-    ]))
-    .unwrap();
-    let mut h = tar::Header::new_ustar();
-    h.set_size(manifest.len() as u64);
-    h.set_cksum();
-    b.append_data(&mut h, "manifest.json", manifest.as_slice())
-        .unwrap();
-    (b.into_inner().unwrap(), sha(&config))
 }
 
 fn write_archive(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {

@@ -1,12 +1,12 @@
 //! Persistent, crash-safe metadata for crust.
 //!
-//! Records (pods, containers, images, runtime settings) live in one redb
-//! database. redb commits are copy-on-write with a checksummed, fsync'ed
-//! header switch, so a process killed mid-write leaves the previous committed
-//! state, never a torn record; that is why it was chosen over hand-written
-//! write-temp + fsync + rename files (one file per record would cost an fsync
-//! of the file and of its directory per update and give no multi-record
-//! transactions).
+//! Records (pods, containers, images, image leases, runtime settings) live
+//! in one redb database. redb commits are copy-on-write with a checksummed,
+//! fsync'ed header switch, so a process killed mid-write leaves the previous
+//! committed state, never a torn record; that is why it was chosen over
+//! hand-written write-temp + fsync + rename files (one file per record would
+//! cost an fsync of the file and of its directory per update and give no
+//! multi-record transactions).
 //!
 //! Values are JSON: readable with any redb tool when debugging a node, and
 //! tolerant of fields added in later versions (`#[serde(default)]`).
@@ -22,6 +22,9 @@ pub enum Kind {
     Pod,
     Container,
     Image,
+    /// A container's hold on the image layers its rootfs is made of, keyed
+    /// by container ID (layers are freed only after the lease goes).
+    Lease,
     /// Runtime-wide settings, e.g. the pod CIDR from UpdateRuntimeConfig.
     Meta,
 }
@@ -36,6 +39,7 @@ impl Kind {
             Kind::Pod => "pods",
             Kind::Container => "containers",
             Kind::Image => "images",
+            Kind::Lease => "leases",
             Kind::Meta => "meta",
         }
     }
@@ -96,7 +100,13 @@ impl Store {
             })?;
         let store = Store { db };
         store.write(|tx| {
-            for kind in [Kind::Pod, Kind::Container, Kind::Image, Kind::Meta] {
+            for kind in [
+                Kind::Pod,
+                Kind::Container,
+                Kind::Image,
+                Kind::Lease,
+                Kind::Meta,
+            ] {
                 tx.txn.open_table(kind.table()).map_err(redb::Error::from)?;
             }
             Ok(())
@@ -250,6 +260,35 @@ mod tests {
         assert!(store.delete::<Pod>("a").unwrap());
         assert!(!store.delete::<Pod>("a").unwrap());
         assert_eq!(store.list::<Pod>().unwrap(), vec![pod("b")]);
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Hold {
+        container: String,
+    }
+
+    impl Record for Hold {
+        const KIND: Kind = Kind::Lease;
+        fn key(&self) -> &str {
+            &self.container
+        }
+    }
+
+    #[test]
+    fn leases_have_their_own_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        // Created at open: listing an empty kind works.
+        assert!(store.list::<Hold>().unwrap().is_empty());
+        let hold = Hold {
+            container: "a".into(),
+        };
+        store.put(&hold).unwrap();
+        store.put(&pod("a")).unwrap();
+        assert_eq!(store.list::<Hold>().unwrap(), vec![hold]);
+        assert!(store.delete::<Hold>("a").unwrap());
+        assert_eq!(store.list::<Pod>().unwrap(), vec![pod("a")]);
+        assert_eq!(Kind::Lease.name(), "leases");
     }
 
     #[test]

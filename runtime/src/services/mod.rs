@@ -1,6 +1,7 @@
 //! The CRI gRPC services. They stay thin: validate the request, call the
 //! crates that do the work, map errors to status codes.
 
+mod admin;
 mod image;
 mod pod;
 mod runtime;
@@ -12,6 +13,8 @@ use tokio_stream::Stream;
 use tonic::Status;
 
 use crate::daemon::Daemon;
+
+pub use admin::Admin;
 
 /// Implements both `RuntimeService` and `ImageService` of CRI v1.
 #[derive(Clone)]

@@ -1,44 +1,185 @@
 //! Pod sandbox RPCs: RunPodSandbox, StopPodSandbox, RemovePodSandbox,
-//! PodSandboxStatus, ListPodSandbox.
+//! PodSandboxStatus, ListPodSandbox. Translation only; the work is in
+//! `crate::pods`.
+
+use std::collections::HashMap;
+use std::future::Future;
 
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, not_yet};
+use super::{Cri, internal};
+use crate::pods::{self, ListFilter, PodError, PodRecord, PodSpec, PodState};
 
 impl Cri {
     pub(super) async fn run_pod_sandbox_impl(
         &self,
-        _req: Request<RunPodSandboxRequest>,
+        req: Request<RunPodSandboxRequest>,
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
-        not_yet!("RunPodSandbox")
+        let spec = PodSpec::from_request(req.into_inner()).map_err(pod_status)?;
+        let id = detached(pods::run(self.daemon.clone(), spec)).await?;
+        Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
     }
 
     pub(super) async fn stop_pod_sandbox_impl(
         &self,
-        _req: Request<StopPodSandboxRequest>,
+        req: Request<StopPodSandboxRequest>,
     ) -> Result<Response<StopPodSandboxResponse>, Status> {
-        not_yet!("StopPodSandbox")
+        let id = req.into_inner().pod_sandbox_id;
+        detached(pods::stop(self.daemon.clone(), id)).await?;
+        Ok(Response::new(StopPodSandboxResponse {}))
     }
 
     pub(super) async fn remove_pod_sandbox_impl(
         &self,
-        _req: Request<RemovePodSandboxRequest>,
+        req: Request<RemovePodSandboxRequest>,
     ) -> Result<Response<RemovePodSandboxResponse>, Status> {
-        not_yet!("RemovePodSandbox")
+        let id = req.into_inner().pod_sandbox_id;
+        detached(pods::remove(self.daemon.clone(), id)).await?;
+        Ok(Response::new(RemovePodSandboxResponse {}))
     }
 
     pub(super) async fn pod_sandbox_status_impl(
         &self,
-        _req: Request<PodSandboxStatusRequest>,
+        req: Request<PodSandboxStatusRequest>,
     ) -> Result<Response<PodSandboxStatusResponse>, Status> {
-        not_yet!("PodSandboxStatus")
+        let req = req.into_inner();
+        let rec = self
+            .daemon
+            .pods
+            .get(&req.pod_sandbox_id)
+            .map_err(pod_status)?;
+        let mut info = HashMap::new();
+        if req.verbose {
+            info.insert("info".to_string(), pods::verbose_info(&rec).to_string());
+        }
+        Ok(Response::new(PodSandboxStatusResponse {
+            status: Some(sandbox_status(&rec)),
+            info,
+            containers_statuses: Vec::new(),
+            timestamp: now_ns(),
+        }))
     }
 
     pub(super) async fn list_pod_sandbox_impl(
         &self,
-        _req: Request<ListPodSandboxRequest>,
+        req: Request<ListPodSandboxRequest>,
     ) -> Result<Response<ListPodSandboxResponse>, Status> {
-        not_yet!("ListPodSandbox")
+        let filter = req.into_inner().filter.unwrap_or_default();
+        let state = match filter.state {
+            None => None,
+            Some(v) => match PodSandboxState::try_from(v.state) {
+                Ok(PodSandboxState::SandboxReady) => Some(PodState::Ready),
+                Ok(PodSandboxState::SandboxNotready) => Some(PodState::NotReady),
+                Err(_) => {
+                    return Err(Status::invalid_argument(format!(
+                        "filter.state: unknown pod sandbox state {}",
+                        v.state
+                    )));
+                }
+            },
+        };
+        let filter = ListFilter {
+            id: filter.id,
+            state,
+            labels: filter.label_selector.into_iter().collect(),
+        };
+        let items = self
+            .daemon
+            .pods
+            .list(&filter)
+            .iter()
+            .map(|rec| PodSandbox {
+                id: rec.id.clone(),
+                metadata: Some(metadata(rec)),
+                state: state_of(rec) as i32,
+                created_at: rec.created_at,
+                labels: map(&rec.labels),
+                annotations: map(&rec.annotations),
+                runtime_handler: rec.runtime_handler.clone(),
+            })
+            .collect();
+        Ok(Response::new(ListPodSandboxResponse { items }))
     }
+}
+
+/// Runs a pod operation as its own task, so that a client going away
+/// mid-call (the RPC future is dropped) cannot cut it off halfway.
+async fn detached<T: Send + 'static>(
+    op: impl Future<Output = Result<T, PodError>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(op)
+        .await
+        .map_err(internal)?
+        .map_err(pod_status)
+}
+
+pub(super) fn pod_status(e: PodError) -> Status {
+    match e {
+        PodError::InvalidArgument(m) => Status::invalid_argument(m),
+        PodError::NotFound(m) => Status::not_found(m),
+        PodError::AlreadyExists(m) => Status::already_exists(m),
+        PodError::Unimplemented(m) => Status::unimplemented(m),
+        PodError::Unavailable(m) => Status::unavailable(m),
+        PodError::Internal(m) => Status::internal(m),
+    }
+}
+
+fn sandbox_status(rec: &PodRecord) -> PodSandboxStatus {
+    let ips = rec.ips();
+    let config = rec.sandbox_config();
+    let namespace_options = config
+        .linux
+        .and_then(|l| l.security_context)
+        .and_then(|s| s.namespace_options)
+        .unwrap_or_default();
+    PodSandboxStatus {
+        id: rec.id.clone(),
+        metadata: Some(metadata(rec)),
+        state: state_of(rec) as i32,
+        created_at: rec.created_at,
+        network: Some(PodSandboxNetworkStatus {
+            ip: ips.first().cloned().unwrap_or_default(),
+            additional_ips: ips
+                .iter()
+                .skip(1)
+                .map(|ip| PodIp { ip: ip.clone() })
+                .collect(),
+        }),
+        linux: Some(LinuxPodSandboxStatus {
+            namespaces: Some(Namespace {
+                options: Some(namespace_options),
+            }),
+        }),
+        labels: map(&rec.labels),
+        annotations: map(&rec.annotations),
+        runtime_handler: rec.runtime_handler.clone(),
+    }
+}
+
+fn metadata(rec: &PodRecord) -> PodSandboxMetadata {
+    PodSandboxMetadata {
+        name: rec.metadata.name.clone(),
+        uid: rec.metadata.uid.clone(),
+        namespace: rec.metadata.namespace.clone(),
+        attempt: rec.metadata.attempt,
+    }
+}
+
+fn state_of(rec: &PodRecord) -> PodSandboxState {
+    match rec.state {
+        PodState::Ready => PodSandboxState::SandboxReady,
+        PodState::NotReady | PodState::Creating => PodSandboxState::SandboxNotready,
+    }
+}
+
+fn map(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
