@@ -1,0 +1,394 @@
+//! Test fixture: a busybox rootfs, a hand-written OCI config, a state dir,
+//! and a guard that removes every process, runtime state and cgroup a test
+//! created, even when the test fails.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crust_shim::protocol::{CONTAINER_PID_FILE, SHIM_PID_FILE};
+use crust_shim::{RuntimeConfig, Shim, ShimConfig, SpawnOptions};
+use serde_json::{Value, json};
+
+pub const RUNC: &str = "/usr/sbin/runc";
+pub const CRUN: &str = "/usr/bin/crun";
+pub const BUSYBOX: &str = "/bin/busybox";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rt {
+    Embedded,
+    Runc,
+    Crun,
+}
+
+/// Root, busybox and the runtime binary are needed; otherwise the test is
+/// skipped (with a message).
+pub fn can_run(rt: Rt) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return false;
+    }
+    if !Path::new(BUSYBOX).exists() {
+        eprintln!("skipped: needs {BUSYBOX}");
+        return false;
+    }
+    let bin = match rt {
+        Rt::Embedded => return true,
+        Rt::Runc => RUNC,
+        Rt::Crun => CRUN,
+    };
+    if !Path::new(bin).exists() {
+        eprintln!("skipped: needs {bin}");
+        return false;
+    }
+    true
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+pub struct Fixture {
+    pub rt: Rt,
+    pub tmp: tempfile::TempDir,
+    pub id: String,
+    pub cgroup: String,
+    pub bundle: PathBuf,
+    pub state_dir: PathBuf,
+    pub log_path: PathBuf,
+    pub runtime_root: PathBuf,
+    pub shim: Option<Shim>,
+}
+
+const APPLETS: &[&str] = &[
+    "sh", "echo", "cat", "sleep", "printf", "yes", "head", "tr", "stty", "tty", "test", "true",
+    "false", "ls", "id", "wc", "dd", "seq", "env", "kill", "ps",
+];
+
+impl Fixture {
+    /// A bundle whose process runs `args`.
+    pub fn new(rt: Rt, name: &str, args: &[&str], tty: bool) -> Fixture {
+        let tmp = tempfile::Builder::new()
+            .prefix("crust-shim-test-")
+            .tempdir()
+            .unwrap();
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let id = format!("crust-test-{}-{}-{name}", std::process::id(), n);
+        let cgroup = format!("crust-shim-test-{}-{n}", std::process::id());
+        let bundle = tmp.path().join("bundle");
+        let rootfs = bundle.join("rootfs");
+        for d in ["bin", "proc", "dev", "sys", "tmp", "etc"] {
+            fs::create_dir_all(rootfs.join(d)).unwrap();
+        }
+        fs::copy(BUSYBOX, rootfs.join("bin/busybox")).unwrap();
+        for a in APPLETS {
+            symlink("busybox", rootfs.join("bin").join(a)).unwrap();
+        }
+        fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
+        let spec = spec(args, tty, &cgroup);
+        fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&spec).unwrap(),
+        )
+        .unwrap();
+        let state_dir = tmp.path().join("state");
+        let log_path = tmp.path().join("logs").join("c.log");
+        fs::create_dir_all(log_path.parent().unwrap()).unwrap();
+        let runtime_root = tmp.path().join("runtime-root");
+        Fixture {
+            rt,
+            tmp,
+            id,
+            cgroup,
+            bundle,
+            state_dir,
+            log_path,
+            runtime_root,
+            shim: None,
+        }
+    }
+
+    pub fn runtime_config(&self) -> RuntimeConfig {
+        match self.rt {
+            Rt::Embedded => RuntimeConfig::Embedded {
+                root: self.runtime_root.clone(),
+                systemd_cgroup: false,
+            },
+            Rt::Runc | Rt::Crun => RuntimeConfig::Cli {
+                path: PathBuf::from(if self.rt == Rt::Runc { RUNC } else { CRUN }),
+                root: self.runtime_root.clone(),
+                systemd_cgroup: false,
+            },
+        }
+    }
+
+    pub fn config(&self, tty: bool, stdin: bool, stdin_once: bool) -> ShimConfig {
+        ShimConfig {
+            id: self.id.clone(),
+            bundle: self.bundle.clone(),
+            runtime: self.runtime_config(),
+            log_path: Some(self.log_path.clone()),
+            tty,
+            stdin,
+            stdin_once,
+        }
+    }
+
+    /// Edits config.json before the spawn.
+    pub fn edit_spec(&self, f: impl FnOnce(&mut Value)) {
+        let p = self.bundle.join("config.json");
+        let mut v: Value = serde_json::from_slice(&fs::read(&p).unwrap()).unwrap();
+        f(&mut v);
+        fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    }
+
+    pub fn spawn_with(&mut self, cfg: ShimConfig) -> crust_shim::client::Result<Shim> {
+        let r = Shim::spawn(&SpawnOptions {
+            shim_binary: PathBuf::from(env!("CARGO_BIN_EXE_crust-shim")),
+            state_dir: self.state_dir.clone(),
+            config: cfg,
+            timeout: Duration::from_secs(60),
+        });
+        if let Ok(s) = &r {
+            self.shim = Some(s.clone());
+        }
+        r
+    }
+
+    /// Spawns the monitor (container created, not started).
+    pub fn spawn(&mut self, tty: bool, stdin: bool, stdin_once: bool) -> Shim {
+        let cfg = self.config(tty, stdin, stdin_once);
+        self.spawn_with(cfg).expect("spawn")
+    }
+
+    pub fn log(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log_path).unwrap_or_default()).into_owned()
+    }
+
+    /// Waits until the log holds `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> String {
+        let t = Instant::now();
+        loop {
+            let l = self.log();
+            if l.contains(needle) {
+                return l;
+            }
+            if t.elapsed() > timeout {
+                panic!("log never got {needle:?}; log:\n{l}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The v1 memory cgroup dir (or v2 dir) of the container.
+    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        if let Ok(rd) = fs::read_dir("/sys/fs/cgroup") {
+            for e in rd.flatten() {
+                let p = e.path().join(&self.cgroup);
+                if p.exists() {
+                    out.push(p);
+                }
+            }
+        }
+        let p = Path::new("/sys/fs/cgroup").join(&self.cgroup);
+        if p.exists() && !out.contains(&p) {
+            out.push(p);
+        }
+        out
+    }
+}
+
+fn read_pid(p: &Path) -> Option<i32> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+pub fn alive(pid: i32) -> bool {
+    pid > 0
+        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+        && !fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        // The container's init (and exec processes), then the monitors.
+        let mut pids = Vec::new();
+        if let Some(p) = read_pid(&self.state_dir.join(CONTAINER_PID_FILE)) {
+            pids.push(p);
+        }
+        if let Ok(rd) = fs::read_dir(self.state_dir.join("exec")) {
+            for e in rd.flatten() {
+                pids.extend(read_pid(&e.path().join(CONTAINER_PID_FILE)));
+                pids.extend(read_pid(&e.path().join(SHIM_PID_FILE)));
+            }
+        }
+        for p in &pids {
+            if *p > 1 {
+                let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+            }
+        }
+        // Cgroup processes that might be left (runtime leftovers).
+        for d in self.cgroup_dirs() {
+            if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
+                for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
+            }
+        }
+        let shim_pid = read_pid(&self.state_dir.join(SHIM_PID_FILE))
+            .or(self.shim.as_ref().map(|s| s.shim_pid()));
+        // Give the monitor a moment to exit by itself (it deletes the
+        // container), then make sure.
+        if let Some(sp) = shim_pid {
+            let t = Instant::now();
+            while alive(sp)
+                && crust_shim::client::is_shim_of(sp, &self.state_dir)
+                && t.elapsed() < Duration::from_secs(3)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if crust_shim::client::is_shim_of(sp, &self.state_dir) {
+                let _ = kill(Pid::from_raw(sp), Signal::SIGKILL);
+            }
+        }
+        match self.rt {
+            Rt::Runc | Rt::Crun => {
+                let bin = if self.rt == Rt::Runc { RUNC } else { CRUN };
+                let _ = Command::new(bin)
+                    .arg("--root")
+                    .arg(&self.runtime_root)
+                    .args(["delete", "--force", &self.id])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+            Rt::Embedded => {}
+        }
+        for _ in 0..50 {
+            let dirs = self.cgroup_dirs();
+            if dirs.is_empty() {
+                break;
+            }
+            for d in dirs {
+                let _ = fs::remove_dir(&d);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A minimal OCI runtime spec for a busybox rootfs.
+pub fn spec(args: &[&str], tty: bool, cgroup: &str) -> Value {
+    let caps = json!([
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FSETID",
+        "CAP_FOWNER",
+        "CAP_MKNOD",
+        "CAP_NET_RAW",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETFCAP",
+        "CAP_SETPCAP",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_SYS_CHROOT",
+        "CAP_KILL",
+        "CAP_AUDIT_WRITE"
+    ]);
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": tty,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "env": ["PATH=/bin", "TERM=xterm", "HOME=/"],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": caps, "effective": caps, "permitted": caps
+            },
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true
+        },
+        "root": {"path": "rootfs", "readonly": false},
+        "hostname": "crust-test",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "nodev", "mode=1777"]}
+        ],
+        "linux": {
+            "cgroupsPath": format!("/{cgroup}"),
+            "resources": {"devices": [{"allow": false, "access": "rwm"}]},
+            "namespaces": [
+                {"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                {"type": "uts"}, {"type": "mount"}
+            ],
+            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+        }
+    })
+}
+
+/// Polls `f` until it is true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// Rss and Pss (KiB) and the private parts from /proc/PID/smaps_rollup.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Mem {
+    pub rss: u64,
+    pub pss: u64,
+    pub private_clean: u64,
+    pub private_dirty: u64,
+    pub anonymous: u64,
+}
+
+pub fn mem(pid: i32) -> Mem {
+    let s = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let mut m = Mem::default();
+    for l in s.lines() {
+        let mut it = l.split_whitespace();
+        let (k, v) = (
+            it.next().unwrap_or(""),
+            it.next().and_then(|v| v.parse().ok()).unwrap_or(0),
+        );
+        match k {
+            "Rss:" => m.rss = v,
+            "Pss:" => m.pss = v,
+            "Private_Clean:" => m.private_clean = v,
+            "Private_Dirty:" => m.private_dirty = v,
+            "Anonymous:" => m.anonymous = v,
+            _ => {}
+        }
+    }
+    m
+}
