@@ -23,6 +23,79 @@ pub struct Config {
     pub cgroup_driver: CgroupDriver,
     pub network: NetworkConfig,
     pub registry: RegistryConfig,
+    /// Runtime handlers by name (RunPodSandbox's `runtime_handler`). Built
+    /// in: `""` (the default) = embedded, and `runc` / `crun` = their CLI
+    /// when found in PATH; entries here add to or replace those.
+    pub runtimes: std::collections::BTreeMap<String, RuntimeHandlerConfig>,
+    /// The `crust-shim` monitor binary; default: next to the `crust` binary.
+    pub shim_binary: Option<PathBuf>,
+    /// The exec / attach / port-forward streaming server.
+    pub streaming: StreamingSection,
+}
+
+/// The `[streaming]` table: where the server behind the Exec, Attach and
+/// PortForward URLs listens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamingSection {
+    /// IP address to listen on (kubelet proxies to it; keep it loopback
+    /// unless clients must reach it directly).
+    pub address: String,
+    /// TCP port; 0 picks a free one at start.
+    pub port: u16,
+    /// PEM certificate chain: serve https (needs `tls_key` too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Default for StreamingSection {
+    fn default() -> Self {
+        StreamingSection {
+            address: "127.0.0.1".into(),
+            port: 0,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+impl StreamingSection {
+    /// The listening address, checked.
+    pub fn socket_addr(&self) -> Result<std::net::SocketAddr, ConfigError> {
+        let ip: std::net::IpAddr = self.address.trim().parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "streaming.address must be an IP address, got {:?}",
+                self.address
+            ))
+        })?;
+        Ok(std::net::SocketAddr::new(ip, self.port))
+    }
+}
+
+/// One `[runtimes.<name>]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeHandlerConfig {
+    /// `embedded` (youki's libcontainer inside the monitor) or `cli` (an OCI
+    /// runtime binary with runc's command line).
+    #[serde(rename = "type")]
+    pub kind: RuntimeKind,
+    /// The binary of a `cli` runtime (absolute, or a name looked up in PATH).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// The runtime's state root (`--root`); default `<run_dir>/runtimes/<name>`.
+    #[serde(default)]
+    pub root: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    Embedded,
+    Cli,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +155,9 @@ impl Default for Config {
             cgroup_driver: CgroupDriver::Cgroupfs,
             network: NetworkConfig::default(),
             registry: RegistryConfig::default(),
+            runtimes: Default::default(),
+            shim_binary: None,
+            streaming: StreamingSection::default(),
         }
     }
 }
@@ -181,6 +257,25 @@ impl Config {
                 )));
             }
         }
+        self.streaming.socket_addr()?;
+        match (&self.streaming.tls_cert, &self.streaming.tls_key) {
+            (Some(c), Some(k)) => {
+                for (key, p) in [("streaming.tls_cert", c), ("streaming.tls_key", k)] {
+                    if !p.is_absolute() {
+                        return Err(ConfigError::Invalid(format!(
+                            "{key} must be an absolute path, got {:?}",
+                            p.display().to_string()
+                        )));
+                    }
+                }
+            }
+            (None, None) => {}
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "streaming.tls_cert and streaming.tls_key must be set together".into(),
+                ));
+            }
+        }
         if self.socket.file_name().is_none() {
             return Err(ConfigError::Invalid(format!(
                 "socket {} has no file name",
@@ -244,6 +339,26 @@ mod tests {
                 .to_string()
                 .contains("cni_bin_dirs")
         );
+    }
+
+    #[test]
+    fn streaming_section_is_checked() {
+        let c = Config::parse("[streaming]\naddress = \"0.0.0.0\"\nport = 10010\n").unwrap();
+        assert_eq!(
+            c.streaming.socket_addr().unwrap(),
+            "0.0.0.0:10010".parse().unwrap()
+        );
+        c.validate().unwrap();
+        let c = Config::parse("[streaming]\naddress = \"localhost\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("streaming.address"), "{err}");
+        let c = Config::parse("[streaming]\ntls_cert = \"/a.pem\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("tls_key"), "{err}");
+        let c = Config::parse("[streaming]\ntls_cert = \"a.pem\"\ntls_key = \"/k.pem\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("streaming.tls_cert"), "{err}");
+        assert!(Config::parse("[streaming]\nport = 70000\n").is_err());
     }
 
     #[test]

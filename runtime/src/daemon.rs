@@ -22,8 +22,13 @@ pub struct Daemon {
     pub images: ImageService,
     /// Pod sandboxes (recovered from the store at start).
     pub pods: Pods,
+    /// Containers (recovered from the store and their monitors at start).
+    pub containers: crate::containers::Containers,
     /// Pod CIDRs from UpdateRuntimeConfig, for the default network config.
     pod_cidrs: RwLock<Vec<String>>,
+    /// The exec / attach / port-forward server, set once at start (its
+    /// backend needs the daemon, so it starts after `open`).
+    pub streaming: std::sync::OnceLock<crust_streaming::StreamingServer>,
 }
 
 /// Runtime-wide settings that must survive a restart.
@@ -41,7 +46,9 @@ impl Record for NetworkSettings {
 }
 
 impl Daemon {
-    pub async fn open(config: Config) -> anyhow::Result<Daemon> {
+    /// Also returns the container IDs whose image leases recovery must
+    /// release (see [`crate::containers::release_orphan_leases`]).
+    pub async fn open(config: Config) -> anyhow::Result<(Daemon, Vec<String>)> {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
@@ -62,14 +69,23 @@ impl Daemon {
         let pods = Pods::open(&config, &store, cgroup_hierarchy, &network.pod_cidrs)
             .context("recovering pod sandboxes")?;
         let images = open_images(&config, &store).await?;
-        Ok(Daemon {
+        let facts = crate::containers::host_facts(
+            cgroup_hierarchy,
+            config.cgroup_driver == crate::config::CgroupDriver::Systemd,
+        );
+        let containers = crate::containers::Containers::new(&config, &store, facts);
+        let release = containers.recover().context("recovering containers")?;
+        let daemon = Daemon {
             config,
             store,
             cgroup_hierarchy,
             images,
             pods,
+            containers,
             pod_cidrs: RwLock::new(network.pod_cidrs),
-        })
+            streaming: std::sync::OnceLock::new(),
+        };
+        Ok((daemon, release))
     }
 
     pub fn pod_cidrs(&self) -> Vec<String> {

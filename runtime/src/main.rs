@@ -3,10 +3,12 @@
 mod api_version;
 mod cli;
 mod config;
+mod containers;
 mod daemon;
 mod pods;
 mod server;
 mod services;
+mod streaming_backend;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

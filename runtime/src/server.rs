@@ -25,7 +25,11 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let socket = config.socket.clone();
-    let daemon = Arc::new(Daemon::open(config).await?);
+    let (daemon, release) = Daemon::open(config).await?;
+    let daemon = Arc::new(daemon);
+    crate::containers::release_orphan_leases(&daemon, release).await;
+    crate::containers::Containers::watch_running(&daemon);
+    start_streaming(&daemon).await?;
     let listener = bind(&socket)?;
     let _remove_socket = RemoveOnDrop(socket.clone());
     info!(
@@ -62,6 +66,31 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Err(_) => warn!("calls still open after {DRAIN_TIMEOUT:?}; exiting anyway"),
     }
     info!("stopped");
+    Ok(())
+}
+
+/// Starts the exec / attach / port-forward server and keeps it in the
+/// daemon. A bind failure stops the daemon with the address in the error.
+async fn start_streaming(daemon: &Arc<Daemon>) -> anyhow::Result<()> {
+    let section = &daemon.config.streaming;
+    let mut cfg = crust_streaming::StreamingConfig {
+        addr: section.socket_addr()?,
+        ..Default::default()
+    };
+    if let (Some(cert), Some(key)) = (&section.tls_cert, &section.tls_key) {
+        cfg.tls = Some(crust_streaming::TlsConfig {
+            cert_path: cert.clone(),
+            key_path: key.clone(),
+        });
+    }
+    let backend = Arc::new(crate::streaming_backend::DaemonBackend::new(daemon));
+    let server = crust_streaming::StreamingServer::start(cfg, backend)
+        .await
+        .context("starting the streaming server ([streaming] address and port)")?;
+    info!(url = %server.base_url(), "streaming server (exec, attach, port-forward) listening");
+    if daemon.streaming.set(server).is_err() {
+        bail!("the streaming server was started twice");
+    }
     Ok(())
 }
 

@@ -697,26 +697,41 @@ async fn host_network_pods_need_no_cni_and_have_no_netns_of_their_own() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn pid_namespace_pod_is_unimplemented_and_leaves_nothing() {
+async fn pid_namespace_pod_runs_a_pause_process_and_leaves_nothing() {
     let d = Daemon::start().await;
     let parent = CgroupParent::new("pidpod");
     let net = TestNetwork::install(&d, &[]);
     let mut rt = d.runtime_v1().await;
     let mut config = pod_config("pidpod", &parent);
     ns_options(&mut config).pid = v1::NamespaceMode::Pod as i32;
-    let err = run(&mut rt, config.clone()).await.unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
-    assert!(
-        err.message()
-            .contains("pid namespace mode POD needs the pause process, not implemented yet"),
-        "{}",
-        err.message()
-    );
     // The default (no namespace options at all) is POD too, as critest's
     // default pod config and a bare crictl pod.json send.
-    config.linux = None;
-    let err = run(&mut rt, config).await.unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    let mut bare = pod_config("pidpod-bare", &parent);
+    bare.linux.as_mut().unwrap().security_context = None;
+    for config in [config, bare] {
+        let id = run(&mut rt, config).await.unwrap();
+        let (_, info) = status(&mut rt, &id).await;
+        let pid = info["pid"].as_i64().unwrap();
+        assert!(pid > 0, "{info}");
+        // PID 1 of its own PID namespace, running crust's static pause.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        assert_eq!(cmdline, b"/pause\0");
+        let status_text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let nspid = status_text
+            .lines()
+            .find(|l| l.starts_with("NSpid:"))
+            .unwrap()
+            .to_string();
+        assert!(nspid.trim_end().ends_with("\t1"), "{nspid}");
+        remove(&mut rt, &id).await.unwrap();
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists() || {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .unwrap_or_default()
+                    .is_empty()
+            }
+        );
+    }
     assert_nothing_left(&d, &mut rt, &parent, Some(&net)).await;
 }
 

@@ -87,3 +87,221 @@ fn is_mount_point(path: &Path) -> bool {
     };
     std::fs::metadata(parent).is_ok_and(|p| p.dev() != me.dev())
 }
+
+/// Mounts an overlayfs at `target`: `lowers` bottom first (an image's layer
+/// dirs as the image service lists them), `upper` and `work` the
+/// container's writable layer.
+///
+/// The mount option string is limited to one page. With absolute
+/// `<root>/layers/<64 hex>/diff` paths only ~40 layers would fit, so when
+/// every lower dir shares one parent dir the mount is made from a dedicated
+/// thread that has its own working directory (`unshare(CLONE_FS)`) inside
+/// that dir, and the lower dirs are passed relative to it.
+pub fn mount_overlay(
+    lowers: &[std::path::PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), Error> {
+    if lowers.is_empty() {
+        return Err(Error::invalid("overlay lower dirs", "none given"));
+    }
+    for p in lowers
+        .iter()
+        .map(|p| p.as_path())
+        .chain([upper, work, target])
+    {
+        let s = p.as_os_str().as_encoded_bytes();
+        if !p.is_absolute() || s.iter().any(|b| matches!(b, b',' | b':' | b'\0')) {
+            return Err(Error::invalid(
+                "overlay dir",
+                format!("{} must be absolute without ',' or ':'", p.display()),
+            ));
+        }
+    }
+    // The common base: the parent of each layer's own dir
+    // (`<base>/<hex>/diff`), when they all share it.
+    let base = lowers[0]
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf);
+    let relative: Option<Vec<String>> = base.as_ref().and_then(|b| {
+        lowers
+            .iter()
+            .rev()
+            .map(|l| {
+                l.strip_prefix(b)
+                    .ok()
+                    .map(|r| r.to_string_lossy().into_owned())
+            })
+            .collect()
+    });
+    let target = target.to_path_buf();
+    let upper = upper.display().to_string();
+    let work = work.display().to_string();
+    let do_mount = move |lowerdir: String, cwd: Option<std::path::PathBuf>| -> Result<(), Error> {
+        if let Some(dir) = &cwd {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).map_err(|e| Error::Io {
+                op: "unshare(CLONE_FS) for",
+                path: dir.clone(),
+                source: e.into(),
+            })?;
+            nix::unistd::chdir(dir.as_path()).map_err(|e| Error::Io {
+                op: "chdir into",
+                path: dir.clone(),
+                source: e.into(),
+            })?;
+        }
+        let data = format!("lowerdir={lowerdir},upperdir={upper},workdir={work}");
+        if data.len() >= 4096 {
+            return Err(Error::invalid(
+                "overlay lower dirs",
+                format!(
+                    "too many layers for one mount ({} bytes of options)",
+                    data.len()
+                ),
+            ));
+        }
+        nix::mount::mount(
+            Some("overlay"),
+            &target,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(data.as_str()),
+        )
+        .map_err(|e| Error::Io {
+            op: "mount overlay on",
+            path: target.clone(),
+            source: e.into(),
+        })
+    };
+    match (relative, base) {
+        (Some(rel), Some(base)) => {
+            let lowerdir = rel.join(":");
+            // A thread of its own: its working directory is private after
+            // unshare(CLONE_FS) and dies with it.
+            std::thread::scope(|s| {
+                s.spawn(move || do_mount(lowerdir, Some(base)))
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::invalid("overlay mount", "thread panicked")))
+            })
+        }
+        _ => {
+            let lowerdir: Vec<String> = lowers
+                .iter()
+                .rev()
+                .map(|l| l.display().to_string())
+                .collect();
+            do_mount(lowerdir.join(":"), None)
+        }
+    }
+}
+
+/// Unmounts `path` (lazily, without following a symlink) if something is
+/// mounted there. Idempotent.
+pub fn unmount(path: &Path) -> Result<(), Error> {
+    for _ in 0..16 {
+        match nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+            Ok(()) => continue,
+            Err(Errno::EINVAL | Errno::ENOENT) => return Ok(()),
+            Err(e) => {
+                return Err(Error::Io {
+                    op: "unmount",
+                    path: path.to_path_buf(),
+                    source: e.into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the regular file `rel` (e.g. `etc/passwd`) inside `root` without
+/// following any symlink on the way (a hostile image cannot point it at a
+/// host file), at most `max` bytes. `Ok(None)` when it is missing, a
+/// symlink or not a regular file.
+pub fn read_file_in_root(root: &Path, rel: &str, max: u64) -> Result<Option<Vec<u8>>, Error> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::Mode;
+    use std::io::Read;
+    let open_err = |e: Errno| Error::Io {
+        op: "open in rootfs",
+        path: root.join(rel),
+        source: e.into(),
+    };
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a fresh fd from open(2)/openat(2), owned by nothing else.
+    let own = |fd: i32| unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut dir: OwnedFd = match nix::fcntl::open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => own(fd),
+        Err(e) => return Err(open_err(e)),
+    };
+    let parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+    for (i, part) in parts.iter().enumerate() {
+        if *part == ".." || *part == "." {
+            return Ok(None);
+        }
+        let last = i + 1 == parts.len();
+        let flags = OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC
+            | if last {
+                OFlag::O_RDONLY | OFlag::O_NONBLOCK
+            } else {
+                OFlag::O_PATH | OFlag::O_DIRECTORY
+            };
+        match openat(Some(dir.as_raw_fd()), *part, flags, Mode::empty()) {
+            Ok(fd) => dir = own(fd),
+            Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(open_err(e)),
+        }
+    }
+    let f = std::fs::File::from(dir);
+    let meta = f
+        .metadata()
+        .map_err(Error::io("stat in rootfs", &root.join(rel)))?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    let mut buf = Vec::new();
+    f.take(max)
+        .read_to_end(&mut buf)
+        .map_err(Error::io("read in rootfs", &root.join(rel)))?;
+    Ok(Some(buf))
+}
+
+/// Bytes and inodes used under `dir` (not crossing into other
+/// filesystems), for a container's writable layer.
+pub fn disk_usage(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return (0, 0);
+    };
+    let dev = top.dev();
+    let (mut bytes, mut inodes) = (0u64, 0u64);
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.dev() != dev {
+                continue;
+            }
+            inodes += 1;
+            if m.nlink() > 1 && !seen.insert(m.ino()) {
+                continue;
+            }
+            bytes += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    (bytes, inodes)
+}

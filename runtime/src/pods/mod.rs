@@ -19,6 +19,7 @@
 
 mod error;
 mod files;
+pub mod pause;
 mod record;
 mod spec;
 
@@ -446,6 +447,9 @@ impl Pods {
     /// Idempotent; blocking. Every step runs; the errors are collected.
     fn teardown_local(&self, rec: &PodRecord) -> Result<(), PodError> {
         let mut errors: Vec<String> = Vec::new();
+        if let Err(e) = pause::stop(rec) {
+            errors.push(format!("stopping the pause process: {e}"));
+        }
         if let Err(e) = ns::unpin_namespaces(&rec.ns_dir) {
             errors.push(format!("unpinning the namespaces: {e}"));
         }
@@ -598,7 +602,11 @@ pub async fn run(daemon: Arc<Daemon>, spec: PodSpec) -> Result<String, PodError>
             d.store
                 .put(&rec)
                 .map_err(|e| PodError::from(e).context("writing the pod record"))?;
-            d.pods.create_local(&rec, &spec)
+            d.pods.create_local(&rec, &spec)?;
+            if pause::shares_pid(&rec) {
+                pause::start(d, &rec)?;
+            }
+            Ok(())
         }
     })
     .await;
@@ -725,10 +733,18 @@ pub async fn stop(daemon: Arc<Daemon>, id: String) -> Result<(), PodError> {
 }
 
 async fn stop_locked(daemon: &Arc<Daemon>, entry: &PodEntry) -> Result<(), PodError> {
-    // The pod's containers are stopped here, before the network goes, once
-    // crust runs containers (kubelet expects StopPodSandbox to stop them
-    // all, forcibly).
+    // The pod's containers are stopped first, before the network goes
+    // (kubelet expects StopPodSandbox to stop them all, forcibly).
     let mut rec = entry.snapshot();
+    crate::containers::stop_all_of_pod(daemon, &rec.id, false)
+        .await
+        .map_err(|e| {
+            PodError::Internal(format!("stopping the pod's containers: {}", e.message()))
+        })?;
+    {
+        let rec = rec.clone();
+        blocking(daemon, move |_| pause::stop(&rec)).await?;
+    }
     if rec.state == PodState::Ready {
         rec.state = PodState::NotReady;
         store_put(daemon, &rec).await?;
@@ -760,8 +776,12 @@ pub async fn remove(daemon: Arc<Daemon>, id: String) -> Result<(), PodError> {
     if *removed {
         return Ok(());
     }
-    // The pod's containers are removed here (forcibly) once crust runs
-    // containers.
+    // The pod's containers go first (forcibly).
+    crate::containers::stop_all_of_pod(&daemon, &entry.snapshot().id, true)
+        .await
+        .map_err(|e| {
+            PodError::Internal(format!("removing the pod's containers: {}", e.message()))
+        })?;
     stop_locked(&daemon, &entry).await?;
     let rec = entry.snapshot();
     blocking(&daemon, {
@@ -802,8 +822,9 @@ pub fn verbose_info(rec: &PodRecord) -> Value {
         .is_none_or(|p| !ns::is_pinned(p));
     let config = rec.sandbox_config();
     json!({
-        // No pause process: nothing runs until containers do.
-        "pid": 0,
+        // The pause process of a pid = POD pod; else nothing runs until
+        // containers do.
+        "pid": pause::pid(rec).unwrap_or(0),
         "state": match rec.state {
             PodState::Ready => "ready",
             PodState::NotReady => "notready",

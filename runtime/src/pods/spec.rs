@@ -13,8 +13,8 @@ use crust_network::{Bandwidth, PortMapping};
 use super::error::PodError;
 use super::record::PodMetadata;
 
-/// The runtime handlers this node has: only the default one until the
-/// containers work adds configured runtimes.
+/// The default runtime handler only (unit tests).
+#[cfg(test)]
 pub const RUNTIME_HANDLERS: &[&str] = &[""];
 
 /// Bounds on lists a client fills (kubelet's own limits are lower).
@@ -65,15 +65,22 @@ pub struct PodSpec {
 }
 
 impl PodSpec {
+    #[cfg(test)]
     pub fn from_request(req: RunPodSandboxRequest) -> Result<PodSpec, PodError> {
+        let handlers: Vec<String> = RUNTIME_HANDLERS.iter().map(|h| h.to_string()).collect();
+        Self::from_request_with(req, &handlers)
+    }
+
+    /// Validates the request; `handlers` are the node's runtime handlers.
+    pub fn from_request_with(
+        req: RunPodSandboxRequest,
+        handlers: &[String],
+    ) -> Result<PodSpec, PodError> {
         let handler = req.runtime_handler;
-        if !RUNTIME_HANDLERS.contains(&handler.as_str()) {
+        if !handlers.contains(&handler) {
             return Err(PodError::invalid(
                 "runtime_handler",
-                format!(
-                    "unknown runtime handler {handler:?} (this node has only the default \
-                     handler \"\")"
-                ),
+                format!("unknown runtime handler {handler:?} (this node has {handlers:?})"),
             ));
         }
         let config = req
@@ -123,15 +130,10 @@ impl PodSpec {
                 ));
             }
         };
+        // POD: a pause process holds the shared PID namespace (pods::pause).
         let host_pid = match mode(ns_opts.pid, &format!("{NS}.pid"))? {
-            NamespaceMode::Container => false,
+            NamespaceMode::Container | NamespaceMode::Pod => false,
             NamespaceMode::Node => true,
-            NamespaceMode::Pod => {
-                return Err(PodError::Unimplemented(format!(
-                    "{NS}.pid: pid namespace mode POD needs the pause process, not \
-                     implemented yet (use CONTAINER or NODE)"
-                )));
-            }
             NamespaceMode::Target => {
                 return Err(PodError::invalid(
                     &format!("{NS}.pid"),
@@ -578,19 +580,13 @@ mod tests {
         .unwrap();
         assert!(spec.host_network && spec.host_ipc && spec.host_pid);
 
-        match PodSpec::from_request(with(|c| ns_opts(c).pid = NamespaceMode::Pod as i32)) {
-            Err(PodError::Unimplemented(m)) => {
-                assert!(m.contains("pid namespace mode POD"), "{m}")
-            }
-            other => panic!("{other:?}"),
-        }
+        let spec =
+            PodSpec::from_request(with(|c| ns_opts(c).pid = NamespaceMode::Pod as i32)).unwrap();
+        assert!(!spec.host_pid);
         // No security context at all means pid POD, as in proto3.
         let mut req = request();
         req.config.as_mut().unwrap().linux = None;
-        assert!(matches!(
-            PodSpec::from_request(req),
-            Err(PodError::Unimplemented(_))
-        ));
+        assert!(!PodSpec::from_request(req).unwrap().host_pid);
         match PodSpec::from_request(with(|c| {
             ns_opts(c).userns_options = Some(UserNamespace::default())
         })) {

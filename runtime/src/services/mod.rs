@@ -2,9 +2,11 @@
 //! crates that do the work, map errors to status codes.
 
 mod admin;
+mod container;
 mod image;
 mod pod;
 mod runtime;
+mod stream;
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -16,7 +16,8 @@ impl Cri {
         &self,
         req: Request<RunPodSandboxRequest>,
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
-        let spec = PodSpec::from_request(req.into_inner()).map_err(pod_status)?;
+        let handlers: Vec<String> = self.daemon.containers.handlers.keys().cloned().collect();
+        let spec = PodSpec::from_request_with(req.into_inner(), &handlers).map_err(pod_status)?;
         let id = detached(pods::run(self.daemon.clone(), spec)).await?;
         Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
     }
@@ -125,7 +126,7 @@ pub(super) fn pod_status(e: PodError) -> Status {
     }
 }
 
-fn sandbox_status(rec: &PodRecord) -> PodSandboxStatus {
+pub(super) fn sandbox_status(rec: &PodRecord) -> PodSandboxStatus {
     let ips = rec.ips();
     let config = rec.sandbox_config();
     let namespace_options = config

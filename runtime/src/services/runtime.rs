@@ -61,7 +61,7 @@ impl RuntimeService for Cri {
                 ],
             }),
             info,
-            runtime_handlers: Vec::new(),
+            runtime_handlers: self.runtime_handlers(),
             features: Some(RuntimeFeatures::default()),
         }))
     }
@@ -152,37 +152,37 @@ impl RuntimeService for Cri {
 
     async fn create_container(
         &self,
-        _req: Request<CreateContainerRequest>,
+        req: Request<CreateContainerRequest>,
     ) -> Result<Response<CreateContainerResponse>, Status> {
-        not_yet!("CreateContainer")
+        self.create_container_impl(req).await
     }
 
     async fn start_container(
         &self,
-        _req: Request<StartContainerRequest>,
+        req: Request<StartContainerRequest>,
     ) -> Result<Response<StartContainerResponse>, Status> {
-        not_yet!("StartContainer")
+        self.start_container_impl(req).await
     }
 
     async fn stop_container(
         &self,
-        _req: Request<StopContainerRequest>,
+        req: Request<StopContainerRequest>,
     ) -> Result<Response<StopContainerResponse>, Status> {
-        not_yet!("StopContainer")
+        self.stop_container_impl(req).await
     }
 
     async fn remove_container(
         &self,
-        _req: Request<RemoveContainerRequest>,
+        req: Request<RemoveContainerRequest>,
     ) -> Result<Response<RemoveContainerResponse>, Status> {
-        not_yet!("RemoveContainer")
+        self.remove_container_impl(req).await
     }
 
     async fn list_containers(
         &self,
-        _req: Request<ListContainersRequest>,
+        req: Request<ListContainersRequest>,
     ) -> Result<Response<ListContainersResponse>, Status> {
-        not_yet!("ListContainers")
+        self.list_containers_impl(req).await
     }
 
     type StreamContainersStream = ResponseStream<StreamContainersResponse>;
@@ -196,62 +196,62 @@ impl RuntimeService for Cri {
 
     async fn container_status(
         &self,
-        _req: Request<ContainerStatusRequest>,
+        req: Request<ContainerStatusRequest>,
     ) -> Result<Response<ContainerStatusResponse>, Status> {
-        not_yet!("ContainerStatus")
+        self.container_status_impl(req).await
     }
 
     async fn update_container_resources(
         &self,
-        _req: Request<UpdateContainerResourcesRequest>,
+        req: Request<UpdateContainerResourcesRequest>,
     ) -> Result<Response<UpdateContainerResourcesResponse>, Status> {
-        not_yet!("UpdateContainerResources")
+        self.update_container_resources_impl(req).await
     }
 
     async fn reopen_container_log(
         &self,
-        _req: Request<ReopenContainerLogRequest>,
+        req: Request<ReopenContainerLogRequest>,
     ) -> Result<Response<ReopenContainerLogResponse>, Status> {
-        not_yet!("ReopenContainerLog")
+        self.reopen_container_log_impl(req).await
     }
 
     async fn exec_sync(
         &self,
-        _req: Request<ExecSyncRequest>,
+        req: Request<ExecSyncRequest>,
     ) -> Result<Response<ExecSyncResponse>, Status> {
-        not_yet!("ExecSync")
+        self.exec_sync_impl(req).await
     }
 
-    async fn exec(&self, _req: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
-        not_yet!("Exec")
+    async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
+        self.exec_impl(req).await
     }
 
     async fn attach(
         &self,
-        _req: Request<AttachRequest>,
+        req: Request<AttachRequest>,
     ) -> Result<Response<AttachResponse>, Status> {
-        not_yet!("Attach")
+        self.attach_impl(req).await
     }
 
     async fn port_forward(
         &self,
-        _req: Request<PortForwardRequest>,
+        req: Request<PortForwardRequest>,
     ) -> Result<Response<PortForwardResponse>, Status> {
-        not_yet!("PortForward")
+        self.port_forward_impl(req).await
     }
 
     async fn container_stats(
         &self,
-        _req: Request<ContainerStatsRequest>,
+        req: Request<ContainerStatsRequest>,
     ) -> Result<Response<ContainerStatsResponse>, Status> {
-        not_yet!("ContainerStats")
+        self.container_stats_impl(req).await
     }
 
     async fn list_container_stats(
         &self,
-        _req: Request<ListContainerStatsRequest>,
+        req: Request<ListContainerStatsRequest>,
     ) -> Result<Response<ListContainerStatsResponse>, Status> {
-        not_yet!("ListContainerStats")
+        self.list_container_stats_impl(req).await
     }
 
     type StreamContainerStatsStream = ResponseStream<StreamContainerStatsResponse>;
@@ -265,16 +265,16 @@ impl RuntimeService for Cri {
 
     async fn pod_sandbox_stats(
         &self,
-        _req: Request<PodSandboxStatsRequest>,
+        req: Request<PodSandboxStatsRequest>,
     ) -> Result<Response<PodSandboxStatsResponse>, Status> {
-        not_yet!("PodSandboxStats")
+        self.pod_sandbox_stats_impl(req).await
     }
 
     async fn list_pod_sandbox_stats(
         &self,
-        _req: Request<ListPodSandboxStatsRequest>,
+        req: Request<ListPodSandboxStatsRequest>,
     ) -> Result<Response<ListPodSandboxStatsResponse>, Status> {
-        not_yet!("ListPodSandboxStats")
+        self.list_pod_sandbox_stats_impl(req).await
     }
 
     type StreamPodSandboxStatsStream = ResponseStream<StreamPodSandboxStatsResponse>;
@@ -297,9 +297,9 @@ impl RuntimeService for Cri {
 
     async fn get_container_events(
         &self,
-        _req: Request<GetEventsRequest>,
+        req: Request<GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-        not_yet!("GetContainerEvents")
+        self.get_container_events_impl(req).await
     }
 
     async fn list_metric_descriptors(

@@ -1,0 +1,103 @@
+//! The persistent record of a container.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crust_shim::{ExitInfo, RuntimeConfig};
+use crust_store::{Kind, Record};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainerState {
+    /// CreateContainer is (or was, before a crash) setting it up.
+    Creating,
+    Created,
+    Running,
+    Exited,
+}
+
+impl ContainerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerState::Creating => "CREATING",
+            ContainerState::Created => "CREATED",
+            ContainerState::Running => "RUNNING",
+            ContainerState::Exited => "EXITED",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContainerRecord {
+    /// 64 hex characters.
+    pub id: String,
+    pub pod_id: String,
+    pub name: String,
+    pub attempt: u32,
+    pub state: ContainerState,
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    pub reason: String,
+    pub message: String,
+    /// The image as the request named it.
+    pub image: String,
+    /// The image ID (`sha256:...`).
+    pub image_ref: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// The CRI log file (pod log dir + config.log_path).
+    pub log_path: Option<PathBuf>,
+    /// ContainerConfig as protobuf, hex-encoded.
+    pub config: String,
+    pub handler: String,
+    pub runtime: RuntimeConfig,
+    /// `<run_dir>/containers/<id>`: the monitor's state dir.
+    pub state_dir: PathBuf,
+    /// `<state_dir>/bundle`.
+    pub bundle: PathBuf,
+    /// `<bundle>/rootfs`: the overlay mount.
+    pub rootfs: PathBuf,
+    /// `<root>/containers/<id>`: overlay upper and work dirs.
+    pub layer_dir: PathBuf,
+    /// uid, gid, supplementary gids.
+    pub user: Option<(u32, u32, Vec<u32>)>,
+    /// Current LinuxContainerResources as protobuf, hex-encoded.
+    pub resources: Option<String>,
+    pub stop_signal: i32,
+    /// The container's init pid (host namespace).
+    pub pid: i32,
+}
+
+impl Record for ContainerRecord {
+    const KIND: Kind = Kind::Container;
+    fn key(&self) -> &str {
+        &self.id
+    }
+}
+
+impl ContainerRecord {
+    pub fn name_key(&self) -> (String, String, u32) {
+        (self.pod_id.clone(), self.name.clone(), self.attempt)
+    }
+
+    pub fn set_exit(&mut self, e: &ExitInfo) {
+        self.state = ContainerState::Exited;
+        self.finished_at = e.exited_at_unix_nanos;
+        self.exit_code = e.exit_code;
+        self.reason = if e.oom_killed {
+            "OOMKilled"
+        } else if e.exit_code == 0 {
+            "Completed"
+        } else {
+            "Error"
+        }
+        .to_string();
+        if self.started_at == 0 && self.finished_at > 0 {
+            // Killed before it was started.
+            self.started_at = 0;
+        }
+    }
+}

@@ -1,0 +1,785 @@
+//! Containers end to end: a real daemon, real runtimes (embedded and runc),
+//! an image built from busybox-static and pulled from the local registry
+//! harness, real CNI. Every check is made from inside the container.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crust_tests::crust_api::v1;
+use crust_tests::registry::*;
+use crust_tests::tonic::Code;
+use crust_tests::tonic::transport::Channel;
+use crust_tests::{Daemon, TestNetwork, mounts_under};
+
+type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
+
+/// busybox with the applets the tests use, a user and groups.
+fn test_image() -> TestImage {
+    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
+    let mut tar = LayerTar::new()
+        .dir("bin/")
+        .file_mode("bin/busybox", &busybox, 0o755);
+    for applet in [
+        "sh", "cat", "id", "sleep", "echo", "touch", "unshare", "head", "wc", "grep", "hostname",
+        "env", "pwd", "true", "tr", "ls", "printf", "mkdir", "pidof",
+    ] {
+        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
+    }
+    let layer = tar
+        .dir("etc/")
+        .file(
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/bin/sh\n",
+        )
+        .file(
+            "etc/group",
+            b"root:x:0:\nwww-data:x:33:\ngroup:x:1004:www-data\n",
+        )
+        .dir("tmp/")
+        .dir("data/")
+        .finish();
+    build(ImageSpec {
+        layers: vec![gzip(&layer)],
+        cmd: &["sleep", "1000"],
+        ..ImageSpec::default()
+    })
+}
+
+struct Env {
+    // Field order = drop order: pods (and their containers) go first.
+    net: TestNetwork,
+    d: Daemon,
+    _reg: Registry,
+    image: String,
+    rt: Rt,
+    logs: tempfile::TempDir,
+}
+
+async fn env() -> Env {
+    let reg = Registry::start();
+    let img = test_image();
+    Pusher::new(&reg).image("test/ctr", "v1", &img).await;
+    let d = Daemon::start().await;
+    let image = format!("{}/test/ctr:v1", reg.host);
+    let mut ic = d.image_v1().await;
+    ic.pull_image(v1::PullImageRequest {
+        image: Some(v1::ImageSpec {
+            image: image.clone(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("pull the test image");
+    let net = TestNetwork::install(&d, &[]);
+    let rt = d.runtime_v1().await;
+    Env {
+        net,
+        rt,
+        d,
+        _reg: reg,
+        image,
+        logs: tempfile::tempdir().unwrap(),
+    }
+}
+
+fn pod_config(name: &str, logs: &Path) -> v1::PodSandboxConfig {
+    v1::PodSandboxConfig {
+        metadata: Some(v1::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "crust-test".into(),
+            attempt: 0,
+        }),
+        hostname: format!("host-{name}"),
+        log_directory: logs.join(name).display().to_string(),
+        dns_config: Some(v1::DnsConfig {
+            servers: vec!["10.9.8.7".into()],
+            searches: vec!["crust.test".into()],
+            options: vec![],
+        }),
+        linux: Some(v1::LinuxPodSandboxConfig::default()),
+        ..Default::default()
+    }
+}
+
+impl Env {
+    async fn pod(&mut self, name: &str, handler: &str) -> (String, v1::PodSandboxConfig) {
+        let config = pod_config(name, self.logs.path());
+        let id = self
+            .rt
+            .run_pod_sandbox(v1::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+            .into_inner()
+            .pod_sandbox_id;
+        (id, config)
+    }
+
+    fn container(&self, name: &str) -> v1::ContainerConfig {
+        v1::ContainerConfig {
+            metadata: Some(v1::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(v1::ImageSpec {
+                image: self.image.clone(),
+                ..Default::default()
+            }),
+            log_path: format!("{name}.log"),
+            linux: Some(v1::LinuxContainerConfig {
+                security_context: Some(v1::LinuxContainerSecurityContext::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn create(
+        &mut self,
+        pod: &(String, v1::PodSandboxConfig),
+        config: v1::ContainerConfig,
+    ) -> Result<String, crust_tests::tonic::Status> {
+        self.rt
+            .create_container(v1::CreateContainerRequest {
+                pod_sandbox_id: pod.0.clone(),
+                config: Some(config),
+                sandbox_config: Some(pod.1.clone()),
+            })
+            .await
+            .map(|r| r.into_inner().container_id)
+    }
+
+    async fn run(
+        &mut self,
+        pod: &(String, v1::PodSandboxConfig),
+        config: v1::ContainerConfig,
+    ) -> String {
+        let id = self
+            .create(pod, config)
+            .await
+            .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
+        self.rt
+            .start_container(v1::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StartContainer: {e}"));
+        id
+    }
+
+    async fn exec(&mut self, id: &str, cmd: &[&str]) -> (i32, String, String) {
+        let r = self
+            .rt
+            .exec_sync(v1::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout: 20,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
+            .into_inner();
+        (
+            r.exit_code,
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            String::from_utf8_lossy(&r.stderr).into_owned(),
+        )
+    }
+
+    async fn sh(&mut self, id: &str, script: &str) -> (i32, String) {
+        let (code, out, err) = self.exec(id, &["sh", "-c", script]).await;
+        (code, format!("{out}{err}"))
+    }
+
+    async fn status(&mut self, id: &str) -> (v1::ContainerStatus, HashMap<String, String>) {
+        let r = self
+            .rt
+            .container_status(v1::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
+            .into_inner();
+        (r.status.unwrap(), r.info)
+    }
+
+    async fn wait_exited(&mut self, id: &str) -> v1::ContainerStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (s, _) = self.status(id).await;
+            if s.state == v1::ContainerState::ContainerExited as i32 {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "container {id} did not exit: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn pid_of(&mut self, id: &str) -> i32 {
+        let (_, info) = self.status(id).await;
+        let v: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
+        v["pid"].as_i64().unwrap() as i32
+    }
+}
+
+/// The host path of a process's cgroup in controller `ctrl` (v1) or the
+/// unified hierarchy.
+fn cgroup_file(pid: i32, ctrl: &str, file: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let candidates: Vec<PathBuf> = if ctrls.is_empty() {
+            vec![PathBuf::from("/sys/fs/cgroup").join(path.trim_start_matches('/'))]
+        } else if ctrls.split(',').any(|c| c == ctrl) {
+            vec![
+                PathBuf::from("/sys/fs/cgroup")
+                    .join(ctrls)
+                    .join(path.trim_start_matches('/')),
+                PathBuf::from("/sys/fs/cgroup")
+                    .join(ctrl)
+                    .join(path.trim_start_matches('/')),
+            ]
+        } else {
+            continue;
+        };
+        for c in candidates {
+            if let Ok(s) = std::fs::read_to_string(c.join(file)) {
+                return Some(s.trim().to_string());
+            }
+        }
+    }
+    None
+}
+
+fn shim_cmdlines(d: &Daemon) -> Vec<String> {
+    let dir = d.run_dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("crust-shim") && c.contains(&dir))
+        .collect()
+}
+
+fn shim_processes_of(d: &Daemon) -> usize {
+    shim_cmdlines(d).len()
+}
+
+async fn fields_take_effect(handler: &str) {
+    let mut e = env().await;
+    let pod = e.pod("fields", handler).await;
+    let host_dir = tempfile::tempdir().unwrap();
+    std::fs::write(host_dir.path().join("hello"), "from the host\n").unwrap();
+
+    // A root container with most fields set.
+    let mut c = e.container("main");
+    c.command = vec!["sh".into(), "-c".into()];
+    c.args = vec![
+        "echo args:$0:$1:$FOO; unshare -U true && echo ESCAPED || echo BLOCKED; exec sleep 1000"
+            .into(),
+        "a0".into(),
+        "a1".into(),
+    ];
+    c.working_dir = "/etc".into();
+    c.envs = vec![v1::KeyValue {
+        key: "FOO".into(),
+        value: "bar baz".into(),
+    }];
+    c.mounts = vec![v1::Mount {
+        container_path: "/mnt/ro".into(),
+        host_path: host_dir.path().display().to_string(),
+        readonly: true,
+        ..Default::default()
+    }];
+    {
+        let linux = c.linux.as_mut().unwrap();
+        linux.resources = Some(v1::LinuxContainerResources {
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            ..Default::default()
+        });
+        let sc = linux.security_context.as_mut().unwrap();
+        sc.readonly_rootfs = true;
+        sc.no_new_privs = true;
+        sc.seccomp = Some(v1::SecurityProfile {
+            profile_type: v1::security_profile::ProfileType::RuntimeDefault as i32,
+            ..Default::default()
+        });
+    }
+    let main = e.run(&pod, c).await;
+
+    let (_, env_out, _) = e.exec(&main, &["env"]).await;
+    assert!(env_out.contains("FOO=bar baz"), "{env_out}");
+    assert!(env_out.contains("PATH=/bin"), "{env_out}");
+    let (_, pwd, _) = e.exec(&main, &["pwd"]).await;
+    assert_eq!(pwd.trim(), "/etc");
+    let (_, out) = e
+        .sh(&main, "cat /mnt/ro/hello; touch /mnt/ro/x && echo WROTE")
+        .await;
+    assert!(
+        out.contains("from the host") && !out.contains("WROTE"),
+        "{out}"
+    );
+    let (code, out) = e.sh(&main, "touch /newfile && echo WROTE").await;
+    assert!(
+        code != 0 && !out.contains("WROTE"),
+        "read-only rootfs: {out}"
+    );
+    let pid = e.pid_of(&main).await;
+    assert!(pid > 0);
+    // The container's own process, seen from the host.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = |k: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(k))
+            .unwrap_or_default()
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string()
+    };
+    // containerd's default set: chown dac_override fowner fsetid kill
+    // setgid setuid setpcap net_bind_service net_raw sys_chroot mknod
+    // audit_write setfcap.
+    assert_eq!(line("CapEff:"), "00000000a80425fb", "{status}");
+    assert_eq!(line("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(line("Seccomp:"), "2", "{status}");
+    for masked in ["/proc/keys", "/proc/timer_list", "/proc/kcore"] {
+        if Path::new(masked).exists() {
+            let (_, out) = e.sh(&main, &format!("cat {masked} | wc -c")).await;
+            assert_eq!(out.trim(), "0", "{masked} is masked");
+        }
+    }
+    let (_, out, _) = e.exec(&main, &["hostname"]).await;
+    assert_eq!(out.trim(), "host-fields");
+    let (_, out, _) = e.exec(&main, &["cat", "/etc/resolv.conf"]).await;
+    assert!(
+        out.contains("nameserver 10.9.8.7") && out.contains("crust.test"),
+        "{out}"
+    );
+    let quota = cgroup_file(pid, "cpu", "cpu.cfs_quota_us")
+        .or_else(|| cgroup_file(pid, "cpu", "cpu.max"))
+        .expect("the container's cpu cgroup");
+    assert!(quota.starts_with("50000"), "cpu quota {quota}");
+
+    // The log has the args line.
+    let log = e.logs.path().join("fields/main.log");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains(" stdout F args:a0:a1:bar baz"), "{text}");
+    assert!(
+        text.contains(" stdout F BLOCKED") && !text.contains("ESCAPED"),
+        "the default seccomp profile lets unshare(CLONE_NEWUSER) through: {text}"
+    );
+
+    // A user from the image, with its supplementary group.
+    let mut c = e.container("user");
+    {
+        let sc = c.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+        sc.run_as_username = "www-data".into();
+        // A seccomp filter without no_new_privs.
+        sc.seccomp = Some(v1::SecurityProfile {
+            profile_type: v1::security_profile::ProfileType::RuntimeDefault as i32,
+            ..Default::default()
+        });
+    }
+    let user = e.run(&pod, c).await;
+    let upid = e.pid_of(&user).await;
+    let ustatus = std::fs::read_to_string(format!("/proc/{upid}/status")).unwrap();
+    assert!(ustatus.contains("Seccomp:\t2"), "{ustatus}");
+    assert!(ustatus.contains("NoNewPrivs:\t0"), "{ustatus}");
+    let (_, out, _) = e.exec(&user, &["id"]).await;
+    assert!(
+        out.contains("uid=33(www-data) gid=33(www-data)") && out.contains("1004"),
+        "{out}"
+    );
+    let (st, _) = e.status(&user).await;
+    let u = st.user.unwrap().linux.unwrap();
+    assert_eq!((u.uid, u.gid), (33, 33));
+    assert!(u.supplemental_groups.contains(&1004), "{u:?}");
+
+    // Memory limit: OOMKilled.
+    let mut c = e.container("oom");
+    c.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "x=aaaaaaaa; while true; do x=$x$x; done".into(),
+    ];
+    c.linux.as_mut().unwrap().resources = Some(v1::LinuxContainerResources {
+        memory_limit_in_bytes: 32 << 20,
+        ..Default::default()
+    });
+    let oom = e.run(&pod, c).await;
+    let st = e.wait_exited(&oom).await;
+    assert_eq!(st.reason, "OOMKilled", "{st:?}");
+    assert_eq!(st.exit_code, 137);
+
+    // Stop with a timeout: the stop signal ends sleep at once.
+    let t = Instant::now();
+    e.rt.stop_container(v1::StopContainerRequest {
+        container_id: main.clone(),
+        timeout: 10,
+    })
+    .await
+    .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(9));
+    let st = e.wait_exited(&main).await;
+    assert_ne!(st.finished_at, 0);
+
+    // StopPodSandbox stops the rest; RemovePodSandbox removes them.
+    e.rt.stop_pod_sandbox(v1::StopPodSandboxRequest {
+        pod_sandbox_id: pod.0.clone(),
+    })
+    .await
+    .unwrap();
+    let (st, _) = e.status(&user).await;
+    assert_eq!(st.state, v1::ContainerState::ContainerExited as i32);
+    e.rt.remove_pod_sandbox(v1::RemovePodSandboxRequest {
+        pod_sandbox_id: pod.0.clone(),
+    })
+    .await
+    .unwrap();
+    let list =
+        e.rt.list_containers(v1::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+    assert!(list.is_empty(), "{list:?}");
+    assert!(log.exists(), "the log file is kept");
+    assert_eq!(mounts_under(&e.d.run_dir), Vec::<PathBuf>::new());
+    assert_eq!(shim_processes_of(&e.d), 0);
+    drop(e.net);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fields_take_effect_embedded() {
+    fields_take_effect("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fields_take_effect_runc() {
+    fields_take_effect("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_lines_partial_lines_and_reopen() {
+    let mut e = env().await;
+    let pod = e.pod("logs", "").await;
+    let mut c = e.container("log");
+    c.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "echo out1; echo err1 >&2; printf part; sleep 0.3; echo ial; head -c 1048576 /dev/zero | tr '\\0' x; echo; exec sleep 1000"
+            .into(),
+    ];
+    let id = e.run(&pod, c).await;
+    let log = e.logs.path().join("logs/log.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.len() > 1 << 20 || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.iter().any(|l| l.ends_with(" stdout F out1")),
+        "{:?}",
+        &lines[..2.min(lines.len())]
+    );
+    assert!(lines.iter().any(|l| l.ends_with(" stderr F err1")));
+    // The partial line, then its end.
+    let joined: String = lines
+        .iter()
+        .filter(|l| l.contains(" stdout ") && !l.contains("xxxx"))
+        .map(|l| l.splitn(4, ' ').nth(3).unwrap_or(""))
+        .collect();
+    // Either one line, or a `P` chunk and its end.
+    assert!(
+        joined.contains("partial"),
+        "{:?}",
+        &lines[..3.min(lines.len())]
+    );
+    // The 1 MiB line arrives whole, split into P chunks and an F.
+    let big: usize = lines
+        .iter()
+        .filter(|l| l.contains("xxxx"))
+        .map(|l| l.splitn(4, ' ').nth(3).unwrap_or("").len())
+        .sum();
+    assert_eq!(big, 1 << 20);
+
+    // Reopen after rename.
+    std::fs::rename(&log, log.with_extension("log.1")).unwrap();
+    e.rt.reopen_container_log(v1::ReopenContainerLogRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    // The container's init (pid 1 of the pod is the pause process).
+    e.sh(&id, "echo after-reopen > /proc/$(pidof sleep)/fd/1")
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("stdout F after-reopen") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line in the reopened log: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Not running: FailedPrecondition; unknown: NotFound.
+    e.rt.stop_container(v1::StopContainerRequest {
+        container_id: id.clone(),
+        timeout: 0,
+    })
+    .await
+    .unwrap();
+    let err =
+        e.rt.reopen_container_log(v1::ReopenContainerLogRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    let err =
+        e.rt.reopen_container_log(v1::ReopenContainerLogRequest {
+            container_id: "f".repeat(64),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+    drop(e.net);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_crash_loses_no_exit_code_and_stops_nothing() {
+    let mut e = env().await;
+    let pod = e.pod("restart", "").await;
+    let long = e.run(&pod, e.container("long")).await;
+    let mut c = e.container("short");
+    c.command = vec!["sh".into(), "-c".into(), "sleep 2; exit 3".into()];
+    let short = e.run(&pod, c).await;
+    let pid = e.pid_of(&long).await;
+
+    e.d.signal_and_wait(nix::sys::signal::Signal::SIGKILL, Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    e.d.start_again().await;
+    e.rt = e.d.runtime_v1().await;
+
+    let (st, _) = e.status(&short).await;
+    assert_eq!(
+        st.state,
+        v1::ContainerState::ContainerExited as i32,
+        "{st:?}"
+    );
+    assert_eq!(st.exit_code, 3);
+    assert_eq!(st.reason, "Error");
+    let (st, _) = e.status(&long).await;
+    assert_eq!(st.state, v1::ContainerState::ContainerRunning as i32);
+    assert_eq!(
+        e.pid_of(&long).await,
+        pid,
+        "the running container was untouched"
+    );
+    let (code, out, _) = e.exec(&long, &["echo", "alive"]).await;
+    assert_eq!((code, out.trim()), (0, "alive"));
+    drop(e.net);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_inputs_are_clear_errors_and_leave_nothing() {
+    let mut e = env().await;
+    let pod = e.pod("bad", "").await;
+    let good = e.run(&pod, e.container("good")).await;
+    let snapshot = |d: &Daemon| {
+        let ls = |p: PathBuf| {
+            let mut v: Vec<String> = std::fs::read_dir(p)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        };
+        (
+            ls(d.root.join("containers")),
+            ls(d.run_dir.join("containers")),
+            mounts_under(&d.run_dir),
+            shim_processes_of(d),
+        )
+    };
+    let before = snapshot(&e.d);
+
+    let err = e
+        .create(&("0".repeat(64), pod.1.clone()), e.container("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+
+    let mut c = e.container("x");
+    c.image.as_mut().unwrap().image = "nosuch/image:v9".into();
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+    assert!(err.message().contains("nosuch/image:v9"), "{err}");
+
+    let mut c = e.container("x");
+    c.mounts = vec![v1::Mount {
+        container_path: "/m".into(),
+        host_path: "/nonexistent/crust-test".into(),
+        ..Default::default()
+    }];
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("/nonexistent/crust-test"), "{err}");
+
+    let mut c = e.container("x");
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .run_as_username = "nobody-here".into();
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("nobody-here"), "{err}");
+
+    let mut c = e.container("x");
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .run_as_group = Some(v1::Int64Value { value: 5 });
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("run_as_group"), "{err}");
+
+    let mut c = e.container("x");
+    c.log_path = "../../etc/evil".into();
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+
+    let err = e.create(&pod, e.container("good")).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+    assert!(err.message().contains(&good), "{err}");
+
+    assert_eq!(
+        snapshot(&e.d),
+        before,
+        "a failed create left something behind"
+    );
+
+    // Idempotent stop and remove, also of unknown IDs.
+    for _ in 0..2 {
+        e.rt.stop_container(v1::StopContainerRequest {
+            container_id: good.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+        e.rt.remove_container(v1::RemoveContainerRequest {
+            container_id: good.clone(),
+        })
+        .await
+        .unwrap();
+    }
+    e.rt.remove_container(v1::RemoveContainerRequest {
+        container_id: "e".repeat(64),
+    })
+    .await
+    .unwrap();
+    let err =
+        e.rt.container_status(v1::ContainerStatusRequest {
+            container_id: good.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let (ctrs, run_ctrs, _, shims) = snapshot(&e.d);
+    assert!(
+        ctrs.is_empty() && run_ctrs.is_empty(),
+        "{ctrs:?} {run_ctrs:?}"
+    );
+    // The pod's pause process is the only monitor left.
+    assert_eq!(shims, 1, "{}", shim_cmdlines(&e.d).join("\n"));
+    drop(e.net);
+}
+
+/// Processes ExecSync starts are confined like the container's own
+/// (seccomp, capabilities, no_new_privs).
+async fn exec_is_confined(handler: &str) {
+    let mut e = env().await;
+    let pod = e.pod("exec", handler).await;
+    let mut c = e.container("confined");
+    {
+        let sc = c.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+        sc.no_new_privs = true;
+        sc.seccomp = Some(v1::SecurityProfile {
+            profile_type: v1::security_profile::ProfileType::RuntimeDefault as i32,
+            ..Default::default()
+        });
+    }
+    let id = e.run(&pod, c).await;
+    let (_, status, _) = e.exec(&id, &["cat", "/proc/self/status"]).await;
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("CapEff:\t00000000a80425fb"), "{status}");
+    let (code, out) = e.sh(&id, "unshare -U true && echo ESCAPED").await;
+    assert!(
+        code != 0 && !out.contains("ESCAPED"),
+        "exec escaped seccomp: {out}"
+    );
+    // ExecSync: exit codes, stderr, timeout.
+    let (code, _, err) = e.exec(&id, &["sh", "-c", "echo oops >&2; exit 7"]).await;
+    assert_eq!((code, err.trim()), (7, "oops"));
+    let t = Instant::now();
+    let err =
+        e.rt.exec_sync(v1::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sleep".into(), "30".into()],
+            timeout: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    drop(e.net);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "youki libcontainer 0.7 drops the seccomp filter of exec'd processes (tenant_builder adapt_spec_for_tenant); why runc is the default handler"]
+async fn exec_is_confined_embedded() {
+    exec_is_confined("embedded").await;
+}
+
+/// The default handler ("") must confine exec'd processes.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_is_confined_default_handler() {
+    exec_is_confined("").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_is_confined_runc() {
+    exec_is_confined("runc").await;
+}
