@@ -123,7 +123,44 @@ impl PodCgroup {
                 source: Box::new(e),
             })?;
         }
+        self.delete_in_controllerless_hierarchies()
+    }
+
+    /// On v1 and hybrid hosts an OCI runtime such as runc also creates the
+    /// container's cgroup in the controller-less hierarchies (the named
+    /// `systemd` one and the hybrid `unified` cgroup2), which libcgroups' v1
+    /// manager does not know. Their processes are gone by now (the
+    /// controller cgroups above were emptied), so a bottom-up rmdir clears
+    /// them.
+    fn delete_in_controllerless_hierarchies(&self) -> Result<(), Error> {
+        if self.hierarchy == Hierarchy::V2 {
+            return Ok(());
+        }
+        for name in ["unified", "systemd"] {
+            let mount = self.root.join(name);
+            let mut rel_paths = BTreeSet::new();
+            collect_subtree(&self.dir_in(&mount), &self.path, 0, &mut rel_paths);
+            let mut rel_paths: Vec<PathBuf> = rel_paths.into_iter().collect();
+            rel_paths.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+            for rel in rel_paths {
+                let dir = self.dir_in_rel(&mount, &rel);
+                match std::fs::remove_dir(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(Error::Cgroup {
+                            path: dir,
+                            source: Box::new(e),
+                        });
+                    }
+                }
+            }
+        }
         Ok(())
+    }
+
+    fn dir_in_rel(&self, mount: &Path, rel: &Path) -> PathBuf {
+        mount.join(rel.strip_prefix("/").unwrap_or(rel))
     }
 
     /// Applies pod-level resources (e.g. from LinuxPodSandboxConfig).
