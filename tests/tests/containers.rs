@@ -783,3 +783,82 @@ async fn exec_is_confined_default_handler() {
 async fn exec_is_confined_runc() {
     exec_is_confined("runc").await;
 }
+
+/// Two containers side by side in one pod (pid = POD, so with the pause
+/// process): both start and see the pod's files (/etc/hosts,
+/// /etc/resolv.conf, /dev/shm). The second one's init gets a pid in the
+/// pod's PID namespace that no host process has: libcontainer 0.7's cgroup
+/// v1 mount looked that pid up in the host's /proc and failed the create
+/// ("failed to prepare rootfs") whenever it was missing there.
+async fn two_containers_in_one_pod(handler: &str) {
+    let mut e = env().await;
+    let pod = e.pod("two", handler).await;
+    let first = e.run(&pod, e.container("first")).await;
+    let first_pid = e.pid_of(&first).await;
+    // A pid no host process or thread has, below the host's last one (not
+    // handed out again before pid_max wraps).
+    let host_last: i32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let free = (100..host_last)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a free pid below the host's last one");
+    let st = std::process::Command::new(BUSYBOX)
+        .args(["nsenter", "-t", &first_pid.to_string(), "-p", "--"])
+        .args(["sh", "-c"])
+        .arg(format!("echo {} > /proc/sys/kernel/ns_last_pid", free - 1))
+        .status()
+        .unwrap();
+    assert!(st.success(), "setting the pod's ns_last_pid: {st}");
+    let second = e.run(&pod, e.container("second")).await;
+    let second_pid = e.pid_of(&second).await;
+    let status = std::fs::read_to_string(format!("/proc/{second_pid}/status")).unwrap();
+    let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    assert!(
+        nspid.ends_with(&format!("\t{free}")),
+        "the second init has pid {free} in the pod: {nspid}"
+    );
+    let (code, _) = e.sh(&first, "echo shared > /dev/shm/x").await;
+    assert_eq!(code, 0);
+    for id in [&first, &second] {
+        let (code, out) = e.sh(id, "cat /etc/resolv.conf /etc/hosts /dev/shm/x").await;
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            out.contains("nameserver 10.9.8.7") && out.contains("shared"),
+            "{out}"
+        );
+    }
+    for id in [&first, &second] {
+        e.rt.stop_container(v1::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+    }
+    e.rt.stop_pod_sandbox(v1::StopPodSandboxRequest {
+        pod_sandbox_id: pod.0.clone(),
+    })
+    .await
+    .unwrap();
+    e.rt.remove_pod_sandbox(v1::RemovePodSandboxRequest {
+        pod_sandbox_id: pod.0.clone(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(mounts_under(&e.d.run_dir), Vec::<PathBuf>::new());
+    assert_eq!(shim_processes_of(&e.d), 0);
+    drop(e.net);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_containers_in_one_pod_embedded() {
+    two_containers_in_one_pod("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_containers_in_one_pod_runc() {
+    two_containers_in_one_pod("runc").await;
+}

@@ -57,7 +57,7 @@ pub use caps::{ALL_CAPABILITIES, DEFAULT_CAPABILITIES, capabilities};
 pub use cgroup::{
     DEFAULT_CGROUPFS_PARENT, DEFAULT_SYSTEMD_PARENT, cgroups_path, pod_cgroup_parent,
 };
-pub use compat::{libcontainer_compat, swap_masked_eq};
+pub use compat::{emulate_cgroup_v1_mount, libcontainer_compat, swap_masked_eq};
 pub use error::{ErrorClass, SpecError};
 pub use input::{
     CgroupDriver, Host, HostDevice, HostPropagation, ImageConfig, PauseInput, PodFacts,

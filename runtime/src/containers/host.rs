@@ -86,6 +86,51 @@ impl Host for RealHost {
     }
 }
 
+/// Controllers libcontainer's (libcgroups 0.7) v1 manager creates a
+/// container's cgroup in.
+const V1_CONTROLLERS: &[&str] = &[
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "devices",
+    "hugetlb",
+    "memory",
+    "pids",
+    "perf_event",
+    "blkio",
+    "net_prio",
+    "net_cls",
+    "freezer",
+];
+
+/// Mount points of the cgroup v1 hierarchies under /sys/fs/cgroup that hold
+/// one of [`V1_CONTROLLERS`]; empty on a cgroup v2 only host.
+pub fn cgroup_v1_hierarchies() -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in info.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut r = right.split(' ');
+        let (Some("cgroup"), Some(_), Some(opts)) = (r.next(), r.next(), r.next()) else {
+            continue;
+        };
+        let Some(mount_point) = left.split(' ').nth(4).map(unescape) else {
+            continue;
+        };
+        if mount_point.parent() == Some(Path::new("/sys/fs/cgroup"))
+            && opts.split(',').any(|o| V1_CONTROLLERS.contains(&o))
+            && !out.contains(&mount_point)
+        {
+            out.push(mount_point);
+        }
+    }
+    out
+}
+
 fn unescape(s: &str) -> PathBuf {
     let mut out = Vec::with_capacity(s.len());
     let b = s.as_bytes();

@@ -767,9 +767,13 @@ use std::os::unix::fs::DirBuilderExt;
 /// capabilities are dropped) only when `noNewPrivileges` is absent, and
 /// late otherwise, so `Some(false)` makes a filter without no_new_privs
 /// fail to load ("failed to load seccomp context"). Absent and false mean
-/// the same to the OCI spec. (Belongs in `libcontainer_compat`.)
+/// the same to the OCI spec. (Belongs in `libcontainer_compat`.) And on
+/// cgroup v1, in a pod's shared PID namespace, the `cgroup` mount spelled
+/// out ([`crust_oci::emulate_cgroup_v1_mount`]): libcontainer's own looks
+/// up the init's namespace pid in the host's /proc and fails the create.
 pub fn embedded_compat(spec: &mut crust_oci::Spec) {
     crust_oci::libcontainer_compat(spec);
+    crust_oci::emulate_cgroup_v1_mount(spec, &host::cgroup_v1_hierarchies());
     if let Some(p) = spec.process_mut()
         && p.no_new_privileges() == Some(false)
     {
