@@ -3,8 +3,10 @@
 #   make run    installs what the daemon needs, builds release, runs it in the
 #               foreground with the default config (/etc/crust/config.toml)
 #   make test   installs what the tests need and runs the whole suite
+#   make bench  builds release and benchmarks a freshly started crust
+#               (hack/bench.sh; extra crust-bench flags in BENCH_ARGS)
 #
-# Both are meant for a fresh Debian 12 machine, as root.
+# All are meant for a fresh Debian 12 machine, as root.
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -14,8 +16,10 @@ RUN_ARGS ?=
 RUN_PACKAGES := runc crun containernetworking-plugins iptables iproute2 libseccomp2
 BUILD_PACKAGES := build-essential pkg-config libseccomp-dev
 TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
+BENCH_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
+BENCH_ARGS ?=
 
-.PHONY: run build release test deps-run deps-test fmt lint critest clean
+.PHONY: run build release test bench deps-run deps-test deps-bench fmt lint critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -30,6 +34,10 @@ test: deps-test
 	$(CARGO) build --bins
 	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
+bench: deps-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	BENCH_ARGS='$(BENCH_ARGS)' hack/bench.sh
+
 deps-run:
 	@hack/apt-install.sh $(RUN_PACKAGES) $(BUILD_PACKAGES)
 
@@ -38,6 +46,9 @@ deps-build:
 
 deps-test:
 	@hack/apt-install.sh $(TEST_PACKAGES)
+
+deps-bench:
+	@hack/apt-install.sh $(BENCH_PACKAGES)
 
 fmt:
 	$(CARGO) fmt --all
