@@ -139,49 +139,13 @@ impl Drop for TestNetwork {
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();
-        remove_iptables_rules_mentioning(&self.name);
+        crust_tests::remove_iptables_rules_mentioning(&self.name);
     }
 }
 
 fn iptables_save() -> String {
     let out = Command::new("iptables-save").output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Fallback cleanup: deletes nat rules whose comment names the test
-/// network, and the per-pod chains they jump to.
-fn remove_iptables_rules_mentioning(tag: &str) {
-    let out = Command::new("iptables-save").args(["-t", "nat"]).output();
-    let Ok(out) = out else { return };
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut chains = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("-A ") && l.contains(tag))
-    {
-        if let Some(target) = line
-            .split(" -j ")
-            .nth(1)
-            .and_then(|t| t.split_whitespace().next())
-            && target.starts_with("CNI-")
-            && !target.starts_with("CNI-HOSTPORT-")
-        {
-            chains.push(target.to_string());
-        }
-        // iptables-save quotes like a shell does.
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!("iptables -t nat -D {}", &line[3..]))
-            .output();
-    }
-    for chain in chains {
-        let _ = Command::new("iptables")
-            .args(["-t", "nat", "-F", &chain])
-            .output();
-        let _ = Command::new("iptables")
-            .args(["-t", "nat", "-X", &chain])
-            .output();
-    }
 }
 
 /// A pod: a pinned network namespace and its attachment. Drop runs DEL and

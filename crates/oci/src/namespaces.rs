@@ -195,35 +195,7 @@ pub(crate) fn container_namespaces(
             ));
         }
     }
-    // IPC
-    if !modes.ipc_host() {
-        out.push(ns(
-            LinuxNamespaceType::Ipc,
-            Some(pinned("pod.ipc_ns", pod.ipc_ns.as_deref())?),
-        ));
-    }
-    // UTS follows the network mode.
-    let uts_private = !modes.net_host();
-    if uts_private {
-        out.push(ns(
-            LinuxNamespaceType::Uts,
-            Some(pinned("pod.uts_ns", pod.uts_ns.as_deref())?),
-        ));
-    }
-    out.push(ns(LinuxNamespaceType::Mount, None));
-    if !modes.net_host() {
-        out.push(ns(
-            LinuxNamespaceType::Network,
-            Some(pinned("pod.net_ns", pod.net_ns.as_deref())?),
-        ));
-    }
-    if cgroup_v2 {
-        out.push(ns(LinuxNamespaceType::Cgroup, None));
-    }
-    Ok(NamespacePlan {
-        namespaces: out,
-        uts_private,
-    })
+    pod_shared_namespaces(out, modes, pod, cgroup_v2)
 }
 
 /// The pause process's namespaces: the pod's network/IPC/UTS, a new PID
@@ -242,7 +214,20 @@ pub(crate) fn pause_namespaces(
             ),
         ));
     }
-    let mut out = vec![ns(LinuxNamespaceType::Pid, None)];
+    let out = vec![ns(LinuxNamespaceType::Pid, None)];
+    pod_shared_namespaces(out, modes, pod, cgroup_v2)
+}
+
+/// Appends what a container and the pause process take alike after their
+/// PID namespace: the pod's IPC, UTS (which follows the network mode) and
+/// network namespaces unless the pod uses the host's, a new mount
+/// namespace, and a new cgroup namespace on v2.
+fn pod_shared_namespaces(
+    mut out: Vec<LinuxNamespace>,
+    modes: PodModes,
+    pod: &PodFacts,
+    cgroup_v2: bool,
+) -> Result<NamespacePlan, SpecError> {
     if !modes.ipc_host() {
         out.push(ns(
             LinuxNamespaceType::Ipc,
