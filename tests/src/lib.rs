@@ -277,7 +277,22 @@ impl Drop for Daemon {
         if let Some(dir) = self.dir.take() {
             let _ = dir.close();
         }
+        remove_default_cgroup_parent();
     }
+}
+
+/// Pods created without a cgroup_parent live under the daemon's default
+/// parent `/crust`, which outlives their removal. rmdir only succeeds on an
+/// empty cgroup, so a parent still in use (another daemon, a parallel
+/// test) is left alone.
+fn remove_default_cgroup_parent() {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let _ = std::fs::remove_dir(entry.path().join("crust"));
+    }
+    let _ = std::fs::remove_dir("/sys/fs/cgroup/crust");
 }
 
 pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
