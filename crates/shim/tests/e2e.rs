@@ -551,7 +551,12 @@ fn survives_parent_and_reconnects(rt: Rt) {
         .unwrap()
         .split_whitespace()
         .collect();
-    let (ppid, sid): (i32, i32) = (fields[1].parse().unwrap(), fields[4].parse().unwrap());
+    // After the command: state, ppid, pgrp, session (proc(5)).
+    let (ppid, sid): (i32, i32) = (fields[1].parse().unwrap(), fields[3].parse().unwrap());
+    assert_ne!(
+        sid, 0,
+        "the monitor's session must be visible in our PID namespace"
+    );
     assert_ne!(ppid, std::process::id() as i32);
     assert_ne!(sid, nix::unistd::getsid(None).unwrap().as_raw());
     assert_ne!(sid, pid, "the monitor must not be a session leader");
