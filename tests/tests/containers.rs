@@ -750,6 +750,40 @@ async fn exec_is_confined(handler: &str) {
         code != 0 && !out.contains("ESCAPED"),
         "exec escaped seccomp: {out}"
     );
+    // Kubernetes' default (allowPrivilegeEscalation): no no_new_privs, so
+    // the filter must be loaded while the process may still do so.
+    let mut c = e.container("escalating");
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .seccomp = Some(v1::SecurityProfile {
+        profile_type: v1::security_profile::ProfileType::RuntimeDefault as i32,
+        ..Default::default()
+    });
+    let escalating = e.run(&pod, c).await;
+    let (_, status, _) = e.exec(&escalating, &["cat", "/proc/self/status"]).await;
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    assert!(status.contains("NoNewPrivs:\t0"), "{status}");
+    assert!(status.contains("CapEff:\t00000000a80425fb"), "{status}");
+    let (code, out) = e.sh(&escalating, "unshare -U true && echo ESCAPED").await;
+    assert!(
+        code != 0 && !out.contains("ESCAPED"),
+        "exec escaped seccomp: {out}"
+    );
+    // A program that is not there: an error naming it, nothing left running.
+    let err =
+        e.rt.exec_sync(v1::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["no-such-program".into()],
+            timeout: 10,
+        })
+        .await;
+    // As containerd: the exec fails (no exit code), naming the program.
+    let err = err.expect_err("ExecSync of a missing program");
+    assert!(err.message().contains("no-such-program"), "{err:?}");
     // ExecSync: exit codes, stderr, timeout.
     let (code, _, err) = e.exec(&id, &["sh", "-c", "echo oops >&2; exit 7"]).await;
     assert_eq!((code, err.trim()), (7, "oops"));
@@ -767,8 +801,9 @@ async fn exec_is_confined(handler: &str) {
     drop(e.net);
 }
 
+/// libcontainer's own exec (tenant builder) dropped the filter; crust's
+/// embedded exec must not.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "youki libcontainer 0.7 drops the seccomp filter of exec'd processes (tenant_builder adapt_spec_for_tenant); why runc is the default handler"]
 async fn exec_is_confined_embedded() {
     exec_is_confined("embedded").await;
 }

@@ -2,7 +2,7 @@
 //!
 //! Everything else goes through nix's safe API. These belong in
 //! `crates/linux` once that crate can take them (see the report): `fork`,
-//! `exit_now`, `recv_fd` and `set_winsize`.
+//! `exit_now`, `recv_fd`, `set_winsize` and `set_controlling_terminal`.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -16,15 +16,32 @@ use nix::unistd::Pid;
 /// Only call this while the process has a single thread (the monitor never
 /// starts one): the child then owns a consistent copy of everything.
 pub fn fork() -> io::Result<Option<Pid>> {
-    // Refuse, rather than risk a child that inherits a lock some other
-    // thread held (e.g. if this library is ever called from the daemon).
-    let threads = thread_count()?;
-    if threads != 1 {
-        return Err(io::Error::other(format!(
-            "refusing to fork a process with {threads} threads"
-        )));
+    fork_single_threaded(&SingleThreaded::check()?)
+}
+
+/// Proof that this process had a single thread when it was checked (for a
+/// fork where /proc/self no longer resolves, e.g. after joining a
+/// container's mount namespace). The monitor and its children never start
+/// threads, so the proof stays true.
+pub struct SingleThreaded(());
+
+impl SingleThreaded {
+    pub fn check() -> io::Result<SingleThreaded> {
+        // Refuse, rather than risk a child that inherits a lock some other
+        // thread held (e.g. if this library is ever called from the daemon).
+        let threads = thread_count()?;
+        if threads != 1 {
+            return Err(io::Error::other(format!(
+                "refusing to fork a process with {threads} threads"
+            )));
+        }
+        Ok(SingleThreaded(()))
     }
-    // SAFETY: the monitor is single-threaded (no tokio, no threads spawned),
+}
+
+/// `fork(2)` of a process known to be single-threaded.
+pub fn fork_single_threaded(_: &SingleThreaded) -> io::Result<Option<Pid>> {
+    // SAFETY: the process is single-threaded (no tokio, no threads spawned),
     // so no lock can be held by another thread at the time of the fork and
     // the child may run arbitrary code, as after any fork of a
     // single-threaded program.
@@ -90,6 +107,18 @@ pub fn set_winsize(fd: BorrowedFd<'_>, width: u16, height: u16) -> io::Result<()
     // SAFETY: `fd` is an open descriptor for the duration of the call and
     // `ws` is a valid winsize that the kernel only reads.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `TIOCSCTTY`: makes the terminal `fd` the controlling terminal of this
+/// process (a session leader without one).
+pub fn set_controlling_terminal(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: `fd` is open for the duration of the call; TIOCSCTTY takes an
+    // integer argument (0: do not steal it from another session).
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSCTTY, 0) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -24,7 +24,7 @@
 //! (a grandchild of the monitor). When the intermediate and then our child
 //! exit, the init is reparented to the nearest child subreaper: the monitor
 //! (`PR_SET_CHILD_SUBREAPER` is not inherited across fork, so the child is
-//! not one). Exec processes (`TenantContainerBuilder`) end up the same way.
+//! not one). Exec processes (see [`super::join`]) end up the same way.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -214,35 +214,49 @@ impl OciRuntime for EmbeddedRuntime {
         .map(drop)
     }
 
+    /// Not libcontainer's tenant builder, which drops the container's
+    /// seccomp filter for the new process: see [`super::join`].
     fn exec(&self, id: &str, opts: ExecOptions<'_>) -> Result<i32> {
-        let root = self.root.clone();
-        let id = id.to_string();
-        let process = opts.process.to_path_buf();
-        let pid_file = opts.pid_file.to_path_buf();
-        let console = opts.console_socket.map(Path::to_path_buf);
+        use libcgroups::common::{CgroupConfig, CgroupManager, create_cgroup_manager};
         let stdio = opts.stdio;
         let pid = in_child("exec", move || {
-            let mut b = ContainerBuilder::new(id, SyscallType::default())
-                .validate_id()
-                .map_err(|e| e.to_string())?
-                .with_root_path(&root)
-                .map_err(|e| e.to_string())?
-                .with_pid_file(Some(&pid_file))
-                .map_err(|e| e.to_string())?
-                .with_console_socket(console.as_ref());
-            if console.is_none() {
-                b = b
-                    .with_stdin(stdio.stdin.map_or_else(devnull, Ok)?)
-                    .with_stdout(stdio.stdout.map_or_else(devnull, Ok)?)
-                    .with_stderr(stdio.stderr.map_or_else(devnull, Ok)?);
+            let mut c = self.load(id)?;
+            c.refresh_status().map_err(|e| e.to_string())?;
+            if !c.can_exec() {
+                return Err(format!("container {id} is not running ({:?})", c.status()));
             }
-            let pid = b
-                .as_tenant()
-                .with_process(Some(&process))
-                .with_detach(true)
-                .build()
-                .map_err(|e| format!("{e:#}"))?;
-            Ok(pid.as_raw() as i64)
+            let init_pid = c.pid().ok_or("the container has no init pid")?.as_raw();
+            let config = c.bundle().join("config.json");
+            let spec = oci_spec::runtime::Spec::load(&config)
+                .map_err(|e| format!("reading {}: {e}", config.display()))?;
+            let data = std::fs::read(opts.process)
+                .map_err(|e| format!("reading {}: {e}", opts.process.display()))?;
+            let process: oci_spec::runtime::Process = serde_json::from_slice(&data)
+                .map_err(|e| format!("bad process {}: {e}", opts.process.display()))?;
+            let cgroup_path = c.spec().map_err(|e| e.to_string())?.cgroup_path;
+            let join_cgroup = |pid: nix::unistd::Pid| {
+                create_cgroup_manager(CgroupConfig {
+                    cgroup_path: cgroup_path.clone(),
+                    systemd_cgroup: c.systemd(),
+                    container_name: id.to_string(),
+                })
+                .map_err(|e| e.to_string())?
+                .add_task(pid)
+                .map_err(|e| format!("joining the container's cgroup: {e}"))
+            };
+            // Opened now: host paths stop resolving once the namespaces
+            // are joined.
+            let pid_file = PidFile::prepare(opts.pid_file)?;
+            let pid = super::join::exec_in_container(super::join::JoinRequest {
+                init_pid,
+                spec: &spec,
+                process: &process,
+                join_cgroup: &join_cgroup,
+                console_socket: opts.console_socket,
+                stdio: [stdio.stdin, stdio.stdout, stdio.stderr],
+            });
+            pid_file.finish(pid.as_ref().ok().copied())?;
+            Ok(pid? as i64)
         })?;
         Ok(pid as i32)
     }
@@ -306,4 +320,72 @@ fn devnull() -> std::result::Result<std::os::fd::OwnedFd, String> {
         .open("/dev/null")
         .map(Into::into)
         .map_err(|e| format!("opening /dev/null: {e}"))
+}
+
+/// A pid file written atomically (temp file, then rename) through a
+/// directory descriptor, so it can be finished after this process has left
+/// the host's mount namespace.
+struct PidFile {
+    dir: std::os::fd::OwnedFd,
+    name: std::ffi::OsString,
+    tmp: std::ffi::OsString,
+    file: File,
+}
+
+impl PidFile {
+    fn prepare(path: &Path) -> std::result::Result<PidFile, String> {
+        use nix::fcntl::{OFlag, openat};
+        use nix::sys::stat::Mode;
+        let err = |e: &dyn std::fmt::Display| format!("pid file {}: {e}", path.display());
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(err(&"not a file path"));
+        };
+        let dir: std::os::fd::OwnedFd = File::open(dir).map_err(|e| err(&e))?.into();
+        let mut tmp = std::ffi::OsString::from(".");
+        tmp.push(name);
+        tmp.push(".tmp");
+        let fd = openat(
+            Some(std::os::fd::AsRawFd::as_raw_fd(&dir)),
+            tmp.as_os_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| err(&e))?;
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(PidFile {
+            dir,
+            name: name.to_os_string(),
+            tmp,
+            file,
+        })
+    }
+
+    /// Writes `pid` and renames the file into place, or removes it.
+    fn finish(mut self, pid: Option<i32>) -> std::result::Result<(), String> {
+        use nix::fcntl::renameat;
+        use nix::unistd::{UnlinkatFlags, unlinkat};
+        let dir = std::os::fd::AsRawFd::as_raw_fd(&self.dir);
+        let Some(pid) = pid else {
+            let _ = unlinkat(Some(dir), self.tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
+            return Ok(());
+        };
+        let res = self
+            .file
+            .write_all(pid.to_string().as_bytes())
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                renameat(
+                    Some(dir),
+                    self.tmp.as_os_str(),
+                    Some(dir),
+                    self.name.as_os_str(),
+                )
+                .map_err(|e| e.to_string())
+            });
+        if res.is_err() {
+            let _ = unlinkat(Some(dir), self.tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
+        }
+        res.map_err(|e| format!("writing the pid file: {e}"))
+    }
 }

@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod embedded;
+mod join;
 
 use std::fs;
 use std::os::fd::OwnedFd;
