@@ -48,23 +48,12 @@ pub fn resolve(config: &Config) -> BTreeMap<String, RuntimeConfig> {
             );
         }
     }
-    // The default handler is runc while youki's libcontainer 0.7 drops the
-    // container's seccomp filter from exec'd processes (tenant_builder's
-    // adapt_spec_for_tenant rebuilds `linux` without it): an ExecSync into
-    // an embedded container would run unconfined. Embedded stays available
-    // by name, and becomes the default only where runc is missing.
-    let default = match out.get("runc") {
-        Some(runc) => runc.clone(),
-        None => {
-            tracing::warn!(
-                "runc not found: the default runtime handler is the embedded one, \
-                 whose exec'd processes run without the container's seccomp filter"
-            );
-            RuntimeConfig::Embedded {
-                root: root_for(""),
-                systemd_cgroup,
-            }
-        }
+    // The default handler is the embedded runtime: a node needs no runtime
+    // binary. (Its exec is crust's own, which keeps the container's seccomp
+    // filter; see crust-shim's runtime::join.) `[runtimes.""]` replaces it.
+    let default = RuntimeConfig::Embedded {
+        root: root_for(""),
+        systemd_cgroup,
     };
     out.insert(String::new(), default);
     for (name, h) in &config.runtimes {
