@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
 use crust_oci::{ErrorClass, ImageConfig, PodFacts, RuntimeFacts, SpecInput};
+use crust_shim::async_client::AsyncShim;
 use crust_shim::{ExecRequest, RuntimeConfig, Shim, ShimConfig, SpawnOptions};
 use crust_store::Store;
 use prost::Message;
@@ -300,22 +301,42 @@ impl Containers {
     }
 
     /// Starts a task that notices the exit of a running container (STOPPED
-    /// event, record) without anyone asking.
+    /// event, record) without anyone asking: it waits on the monitor, which
+    /// answers the moment it has reaped the container, so an exit is seen
+    /// within milliseconds and an idle container costs no wake-ups.
     fn watch(daemon: &Arc<Daemon>, id: String) {
-        let daemon = Arc::downgrade(daemon);
+        let weak = Arc::downgrade(daemon);
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let Some(d) = daemon.upgrade() else { return };
+                let state_dir = {
+                    let Some(d) = weak.upgrade() else { return };
+                    let Ok(Some(entry)) = d.containers.resolve(&id) else {
+                        return;
+                    };
+                    let rec = entry.snapshot();
+                    if rec.id != id {
+                        return;
+                    }
+                    rec.state_dir
+                };
+                // No daemon reference is held while waiting.
+                let waited = match AsyncShim::connect(&state_dir) {
+                    Ok(shim) => shim.wait().await.map(drop),
+                    Err(e) => Err(e),
+                };
+                let Some(d) = weak.upgrade() else { return };
                 let Ok(Some(entry)) = d.containers.resolve(&id) else {
                     return;
                 };
-                if entry.snapshot().id != id {
+                if d.containers.refresh(&entry).state != ContainerState::Running {
                     return;
                 }
-                let rec = d.containers.refresh(&entry);
-                if rec.state != ContainerState::Running {
-                    return;
+                if let Err(e) = waited {
+                    // The monitor is alive but the wait broke (e.g. the
+                    // daemon ran out of descriptors): try again shortly.
+                    debug!(%id, "waiting for the container's exit: {e}");
+                    drop(d);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
         });
