@@ -73,7 +73,8 @@ impl Daemon {
             cgroup_hierarchy,
             config.cgroup_driver == crate::config::CgroupDriver::Systemd,
         );
-        let containers = crate::containers::Containers::new(&config, &store, facts);
+        let containers =
+            crate::containers::Containers::new(&config, &store, facts, cgroup_hierarchy);
         let release = containers.recover().context("recovering containers")?;
         let daemon = Daemon {
             config,

@@ -602,6 +602,81 @@ async fn a_daemon_crash_loses_no_exit_code_and_stops_nothing() {
     drop(e.net);
 }
 
+/// A monitor that dies without recording an exit (SIGKILL, OOM) leaves a
+/// container nobody watches: the daemon reports it exited and ends it, as
+/// containerd does when a shim dies.
+async fn a_killed_monitor_ends_its_container(handler: &str) {
+    let mut e = env().await;
+    let pod = e.pod("orphan", handler).await;
+    let id = e.run(&pod, e.container("orphan")).await;
+    let pid = e.pid_of(&id).await;
+    let dir = e.d.run_dir.to_string_lossy().into_owned();
+    let monitor: i32 = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find(|p| {
+            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("crust-shim") && c.contains(&dir) && c.contains(&id)
+            })
+        })
+        .and_then(|p| p.file_name().to_str()?.parse().ok())
+        .expect("the container's monitor");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let st = loop {
+        let (st, _) = e.status(&id).await;
+        if st.state != v1::ContainerState::ContainerRunning as i32 || Instant::now() > deadline {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        st.state,
+        v1::ContainerState::ContainerExited as i32,
+        "{st:?}"
+    );
+    assert_eq!((st.exit_code, st.reason.as_str()), (255, "Error"), "{st:?}");
+    assert!(st.message.contains("monitor"), "{st:?}");
+    // The container's init is gone (or a zombie waiting for its new parent).
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone(), "the container's init {pid} still runs");
+    e.rt.remove_container(v1::RemoveContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    drop(e.net);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_monitor_ends_its_container_embedded() {
+    a_killed_monitor_ends_its_container("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_monitor_ends_its_container_runc() {
+    a_killed_monitor_ends_its_container("runc").await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_inputs_are_clear_errors_and_leave_nothing() {
     let mut e = env().await;

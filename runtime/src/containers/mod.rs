@@ -99,10 +99,16 @@ pub struct Containers {
     layers_dir: PathBuf,
     pub events: broadcast::Sender<Event>,
     pub cpu_samples: Mutex<HashMap<String, CpuSample>>,
+    cgroup_hierarchy: crust_linux::cgroups::Hierarchy,
 }
 
 impl Containers {
-    pub fn new(config: &Config, store: &Arc<Store>, facts: RuntimeFacts) -> Containers {
+    pub fn new(
+        config: &Config,
+        store: &Arc<Store>,
+        facts: RuntimeFacts,
+        cgroup_hierarchy: crust_linux::cgroups::Hierarchy,
+    ) -> Containers {
         Containers {
             index: Mutex::new(Index::default()),
             store: store.clone(),
@@ -113,6 +119,7 @@ impl Containers {
             layers_dir: crate::daemon::containers_dir(config),
             events: broadcast::channel(1024).0,
             cpu_samples: Mutex::new(HashMap::new()),
+            cgroup_hierarchy,
         }
     }
 
@@ -197,8 +204,11 @@ impl Containers {
             }
             None => {
                 // No exit file and no monitor: it died (SIGKILLed) without
-                // recording the exit.
+                // recording the exit. Nothing watches the container now, so
+                // end it (as containerd does when a shim dies) rather than
+                // report a running container as exited.
                 if Shim::connect(&rec.state_dir).is_err() {
+                    self.kill_orphan(&rec);
                     rec.state = ContainerState::Exited;
                     rec.finished_at = now_ns();
                     rec.exit_code = 255;
@@ -269,12 +279,45 @@ impl Containers {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let _ = shim.kill_shim();
+        } else {
+            self.kill_orphan(rec);
         }
         runtime_delete(&rec.runtime, &rec.id);
         crust_linux::mounts::unmount(&rec.rootfs).map_err(internal)?;
         remove_tree(&rec.state_dir)?;
         remove_tree(&rec.layer_dir)?;
         Ok(())
+    }
+
+    /// Kills every process left in the cgroup of a container whose monitor
+    /// is gone, and removes the cgroup. The path is the one its bundle gave
+    /// the runtime (cgroupfs driver; a systemd scope is stopped by systemd
+    /// when its last process ends, which this does not do: warned).
+    fn kill_orphan(&self, rec: &ContainerRecord) {
+        let config = rec.bundle.join("config.json");
+        let Ok(data) = std::fs::read(&config) else {
+            return;
+        };
+        let path = serde_json::from_slice::<serde_json::Value>(&data)
+            .ok()
+            .and_then(|v| v["linux"]["cgroupsPath"].as_str().map(PathBuf::from));
+        let Some(path) = path.filter(|p| p.is_absolute()) else {
+            warn!(id = %rec.id, "the container's monitor is gone and its cgroup is not a cgroupfs path: its processes are left running");
+            return;
+        };
+        let cg = crust_linux::cgroups::PodCgroup::new(
+            self.cgroup_hierarchy,
+            Path::new("/sys/fs/cgroup"),
+            &path,
+        );
+        match cg.and_then(|cg| cg.delete()) {
+            Ok(()) => {
+                info!(id = %rec.id, "the container's monitor is gone: killed what was left of the container")
+            }
+            Err(e) => {
+                warn!(id = %rec.id, "the container's monitor is gone; cannot kill its processes: {e}")
+            }
+        }
     }
 
     /// Recovery at start: rebuilds the index from the store; half-created
