@@ -10,11 +10,14 @@
 //! - [`cgroups::PodCgroup`] is the pod's cgroup under kubelet's `cgroup_parent`.
 //! - [`sysctl`] decides which sysctls a pod may set.
 //! - [`mounts`] holds the pod's shared `/dev/shm`.
+//!
+//! For a container's monitor: [`process`] (fork, descriptor passing, ptys).
 
 pub mod cgroups;
 mod error;
 pub mod mounts;
 pub mod ns;
+pub mod process;
 pub mod sysctl;
 
 pub use error::Error;

@@ -18,7 +18,6 @@ pub mod logfmt;
 pub mod monitor;
 pub mod protocol;
 pub mod runtime;
-pub mod sys;
 
 pub use client::{Attach, AttachEvent, Error, ExecSession, ExecSyncOutput, Shim, SpawnOptions};
 pub use protocol::{ExecRequest, ExitInfo, RuntimeConfig, ShimConfig, State, Status};

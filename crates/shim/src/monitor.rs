@@ -69,7 +69,7 @@ use crate::logfmt::{self, LineSplitter, Stream};
 use crate::protocol::*;
 use crate::runtime::cli::DEFAULT_PATH;
 use crate::runtime::{self, CreateOptions, ExecOptions, OciRuntime, Stdio};
-use crate::sys;
+use crust_linux::process as sys;
 
 /// Bytes read from a container pipe at a time.
 const READ_CHUNK: usize = 32 * 1024;

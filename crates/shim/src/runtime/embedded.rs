@@ -28,6 +28,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use libcontainer::container::Container;
@@ -39,7 +40,7 @@ use nix::fcntl::OFlag;
 use nix::sys::wait::waitpid;
 
 use super::{CreateOptions, ExecOptions, OciRuntime, Result, RuntimeError, RuntimeState};
-use crate::sys;
+use crust_linux::process as sys;
 
 pub struct EmbeddedRuntime {
     root: PathBuf,
@@ -334,25 +335,21 @@ struct PidFile {
 
 impl PidFile {
     fn prepare(path: &Path) -> std::result::Result<PidFile, String> {
-        use nix::fcntl::{OFlag, openat};
-        use nix::sys::stat::Mode;
         let err = |e: &dyn std::fmt::Display| format!("pid file {}: {e}", path.display());
         let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
             return Err(err(&"not a file path"));
         };
-        let dir: std::os::fd::OwnedFd = File::open(dir).map_err(|e| err(&e))?.into();
         let mut tmp = std::ffi::OsString::from(".");
         tmp.push(name);
         tmp.push(".tmp");
-        let fd = openat(
-            Some(std::os::fd::AsRawFd::as_raw_fd(&dir)),
-            tmp.as_os_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )
-        .map_err(|e| err(&e))?;
-        // SAFETY: openat returned a new descriptor that nothing else owns.
-        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(dir.join(&tmp))
+            .map_err(|e| err(&e))?;
+        let dir: std::os::fd::OwnedFd = File::open(dir).map_err(|e| err(&e))?.into();
         Ok(PidFile {
             dir,
             name: name.to_os_string(),

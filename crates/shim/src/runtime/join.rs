@@ -36,14 +36,14 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::fcntl::OFlag;
 use nix::sched::CloneFlags;
 use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
 use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Pid, Uid};
 use oci_spec::runtime::{LinuxSeccomp, Process, Spec};
 
-use crate::sys;
+use crust_linux::process as sys;
 
 /// The namespaces an exec process joins, in the order it joins them: the
 /// user namespace first (it owns the others), the mount namespace last
@@ -189,10 +189,8 @@ fn open_stdio(stdio: [Option<OwnedFd>; 3]) -> Result<[OwnedFd; 3], String> {
 }
 
 fn dup_high(fd: &OwnedFd) -> Result<OwnedFd, String> {
-    let raw =
-        fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(10)).map_err(|e| format!("dup: {e}"))?;
-    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
+    // std duplicates with F_DUPFD_CLOEXEC at 3 or above.
+    fd.try_clone().map_err(|e| format!("dup: {e}"))
 }
 
 /// The init's namespaces that differ from ours, opened, in joining order.

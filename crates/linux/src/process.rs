@@ -1,8 +1,7 @@
-//! The few raw system calls the monitor needs that have no safe wrapper.
-//!
-//! Everything else goes through nix's safe API. These belong in
-//! `crates/linux` once that crate can take them (see the report): `fork`,
-//! `exit_now`, `recv_fd`, `set_winsize` and `set_controlling_terminal`.
+//! Process-level calls for crust's monitor (crust-shim) and the children it
+//! forks: fork, `_exit`, signal reset, descriptor passing, terminals, and
+//! trimming an idle monitor's working set. Everything else goes through
+//! nix's safe API.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
