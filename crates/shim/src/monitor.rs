@@ -773,9 +773,10 @@ impl Monitor {
             cleanup(&*runtime);
             return Err(e);
         }
-        // runc sizes the pty from `consoleSize` itself, libcontainer does
-        // not: set it here too. For a container this happens before `start`
-        // (so before its program runs); an exec process is already running.
+        // runc and the embedded exec (runtime::join) size the pty from
+        // `consoleSize` before the program runs; libcontainer's create does
+        // not, so set it here too (before `start`, so before the container's
+        // program runs). For an exec process this repeats what is set.
         if let Some(pty) = &plumbing.pty {
             let process_json = match mode {
                 Mode::Container => read_json::<serde_json::Value>(&bundle.join("config.json"))
