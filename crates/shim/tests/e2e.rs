@@ -397,17 +397,16 @@ fn exec_sessions(rt: Rt) {
     });
     assert!(matches!(dup, Err(Error::Shim { .. })));
 
-    // A tty with its initial size (runc applies it before the process
-    // runs; with libcontainer the monitor does, a moment later, hence the
-    // sleep), output produced before the attach is not lost, a resize from
-    // the client, the exit code passed through.
+    // A tty with its initial size, set before the process runs (by runc,
+    // and by the embedded exec), output produced before the attach is not
+    // lost, a resize from the client, the exit code passed through.
     let s = shim
         .exec(&ExecRequest {
             exec_id: "e2".into(),
             args: vec![
                 "sh".into(),
                 "-c".into(),
-                "sleep 0.2; stty size; read x; stty size; exit 5".into(),
+                "stty size; read x; stty size; exit 5".into(),
             ],
             tty: true,
             stdin: true,
