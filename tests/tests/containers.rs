@@ -602,6 +602,95 @@ async fn a_daemon_crash_loses_no_exit_code_and_stops_nothing() {
     drop(e.net);
 }
 
+/// Unmounts a test's submount even when the test fails.
+struct Submount(PathBuf);
+
+impl Drop for Submount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Status reports `rro` per handler (kernel >= 5.12 and a runtime that
+/// knows it), and a recursive read-only mount makes submounts read-only
+/// too, where a plain read-only bind leaves them writable.
+async fn recursive_read_only_mounts(handler: &str) {
+    let release = nix::sys::utsname::uname().unwrap();
+    let release = release.release().to_string_lossy().into_owned();
+    let mut v = release.split(|c: char| !c.is_ascii_digit());
+    let kernel: (u32, u32) = (
+        v.next().unwrap().parse().unwrap(),
+        v.next().unwrap().parse().unwrap(),
+    );
+    let mut e = env().await;
+    let status =
+        e.rt.status(v1::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner();
+    let rro_of = |name: &str| {
+        status
+            .runtime_handlers
+            .iter()
+            .find(|h| h.name == name)
+            .and_then(|h| h.features.as_ref())
+            .map(|f| (f.recursive_read_only_mounts, f.user_namespaces))
+    };
+    assert_eq!(
+        rro_of(handler),
+        Some((kernel >= (5, 12), false)),
+        "{status:?}"
+    );
+    if kernel < (5, 12) {
+        drop(e.net);
+        return;
+    }
+    let host = tempfile::tempdir().unwrap();
+    let inner = host.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &inner,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    let _submount = Submount(inner);
+    let pod = e.pod("rro", handler).await;
+    let mut c = e.container("rro");
+    let mount = |path: &str, rro: bool| v1::Mount {
+        container_path: path.into(),
+        host_path: host.path().display().to_string(),
+        readonly: true,
+        recursive_read_only: rro,
+        propagation: v1::MountPropagation::PropagationPrivate as i32,
+        ..Default::default()
+    };
+    c.mounts = vec![mount("/plain", false), mount("/rro", true)];
+    let id = e.run(&pod, c).await;
+    let (code, out) = e
+        .sh(
+            &id,
+            "touch /plain/inner/a && echo plain-writable; touch /rro/inner/b || echo rro-refused",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("plain-writable"), "{out}");
+    assert!(out.contains("rro-refused"), "{out}");
+    drop(e.net);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recursive_read_only_mounts_embedded() {
+    recursive_read_only_mounts("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recursive_read_only_mounts_runc() {
+    recursive_read_only_mounts("runc").await;
+}
+
 /// A monitor that dies without recording an exit (SIGKILL, OOM) leaves a
 /// container nobody watches: the daemon reports it exited and ends it, as
 /// containerd does when a shim dies.

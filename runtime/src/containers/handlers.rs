@@ -109,3 +109,126 @@ pub fn shim_binary(config: &Config) -> PathBuf {
         .and_then(|e| e.parent().map(|d| d.join("crust-shim")))
         .unwrap_or_else(|| PathBuf::from("/usr/local/bin/crust-shim"))
 }
+
+/// What a handler can do, as Status reports it and CreateContainer checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HandlerFeatures {
+    /// The `rro` mount option (recursive read-only, via mount_setattr).
+    pub recursive_read_only_mounts: bool,
+}
+
+/// Detects every handler's features once (a CLI runtime is asked with its
+/// `features` command, as containerd does; one that has none, or does not
+/// list `rro`, is taken not to support it).
+pub fn detect_features(
+    handlers: &BTreeMap<String, RuntimeConfig>,
+) -> BTreeMap<String, HandlerFeatures> {
+    let kernel_rro = nix::sys::utsname::uname()
+        .ok()
+        .and_then(|u| kernel_version(&u.release().to_string_lossy()))
+        .is_some_and(|v| v >= (5, 12));
+    let mut cli_cache: BTreeMap<PathBuf, bool> = BTreeMap::new();
+    handlers
+        .iter()
+        .map(|(name, rc)| {
+            let rro = kernel_rro
+                && match rc {
+                    // libcontainer maps `rro` to mount_setattr.
+                    RuntimeConfig::Embedded { .. } => true,
+                    RuntimeConfig::Cli { path, .. } => *cli_cache
+                        .entry(path.clone())
+                        .or_insert_with(|| cli_lists_mount_option(path, "rro")),
+                };
+            (
+                name.clone(),
+                HandlerFeatures {
+                    recursive_read_only_mounts: rro,
+                },
+            )
+        })
+        .collect()
+}
+
+/// `(major, minor)` of a kernel release such as `6.1.0-18-amd64`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Runs `<runtime> features` (bounded to a few seconds) and looks for
+/// `option` in its `mountOptions`.
+fn cli_lists_mount_option(path: &Path, option: &str) -> bool {
+    let child = std::process::Command::new(path)
+        .arg("features")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else { return false };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                tracing::warn!(
+                    "{} features did not answer: taken as no features",
+                    path.display()
+                );
+                return false;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = std::io::Read::read_to_end(&mut o, &mut out);
+    }
+    features_list_mount_option(&out, option)
+}
+
+/// Whether an OCI runtime `features` document lists a mount option.
+fn features_list_mount_option(json: &[u8], option: &str) -> bool {
+    serde_json::from_slice::<serde_json::Value>(json)
+        .ok()
+        .and_then(|v| {
+            v.get("mountOptions")?
+                .as_array()
+                .map(|a| a.iter().any(|o| o.as_str() == Some(option)))
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(kernel_version("6.1.0-18-amd64"), Some((6, 1)));
+        assert_eq!(kernel_version("5.12.0"), Some((5, 12)));
+        assert_eq!(kernel_version("6.18.44-fc-v595"), Some((6, 18)));
+        assert_eq!(kernel_version("weird"), None);
+    }
+
+    #[test]
+    fn features_documents() {
+        let runc = br#"{"ociVersionMin":"1.0.0","mountOptions":["bind","ro","rro","rrw"]}"#;
+        assert!(features_list_mount_option(runc, "rro"));
+        assert!(!features_list_mount_option(
+            br#"{"mountOptions":["ro"]}"#,
+            "rro"
+        ));
+        assert!(!features_list_mount_option(
+            b"unknown command features",
+            "rro"
+        ));
+        assert!(!features_list_mount_option(
+            br#"{"mountOptions":"rro"}"#,
+            "rro"
+        ));
+    }
+}

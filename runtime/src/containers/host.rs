@@ -241,7 +241,8 @@ pub fn runtime_facts(hierarchy: crust_linux::cgroups::Hierarchy, systemd: bool) 
         min_oom_score_adj: min_oom,
         swap_available: swap,
         hugetlb_available: hugetlb,
-        rro_supported: true,
+        // Per handler: set at CreateContainer from its features.
+        rro_supported: false,
         node_hostname: nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default(),

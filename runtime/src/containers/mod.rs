@@ -93,6 +93,7 @@ pub struct Containers {
     index: Mutex<Index>,
     store: Arc<Store>,
     pub handlers: BTreeMap<String, RuntimeConfig>,
+    pub features: BTreeMap<String, handlers::HandlerFeatures>,
     pub facts: RuntimeFacts,
     shim_binary: PathBuf,
     run_dir: PathBuf,
@@ -109,10 +110,12 @@ impl Containers {
         facts: RuntimeFacts,
         cgroup_hierarchy: crust_linux::cgroups::Hierarchy,
     ) -> Containers {
+        let handlers = handlers::resolve(config);
         Containers {
             index: Mutex::new(Index::default()),
             store: store.clone(),
-            handlers: handlers::resolve(config),
+            features: handlers::detect_features(&handlers),
+            handlers,
             facts,
             shim_binary: handlers::shim_binary(config),
             run_dir: config.run_dir.join("containers"),
@@ -752,6 +755,13 @@ async fn create_effects(
             }
             facts.target_pid_ns = Some(PathBuf::from(format!("/proc/{}/ns/pid", t.pid)));
         }
+        let runtime_facts = RuntimeFacts {
+            rro_supported: cs
+                .features
+                .get(&pod.runtime_handler)
+                .is_some_and(|f| f.recursive_read_only_mounts),
+            ..cs.facts.clone()
+        };
         let input = SpecInput {
             container_id: &r.id,
             config: &config,
@@ -762,7 +772,7 @@ async fn create_effects(
             etc_group: group.as_deref(),
             rootfs: &r.rootfs,
             pod: &facts,
-            runtime: &cs.facts,
+            runtime: &runtime_facts,
             host: &host::RealHost,
         };
         let spec = crust_oci::container_spec(&input).map_err(spec_status)?;

@@ -462,7 +462,14 @@ impl Cri {
             .map(|name| RuntimeHandler {
                 name: name.clone(),
                 features: Some(RuntimeHandlerFeatures {
-                    recursive_read_only_mounts: false,
+                    recursive_read_only_mounts: self
+                        .daemon
+                        .containers
+                        .features
+                        .get(name)
+                        .is_some_and(|f| f.recursive_read_only_mounts),
+                    // Pods in user namespaces are not implemented (refused
+                    // by CreateContainer / RunPodSandbox).
                     user_namespaces: false,
                 }),
             })
