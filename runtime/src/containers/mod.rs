@@ -170,11 +170,21 @@ impl Containers {
     }
 
     /// Every visible container, refreshed.
+    /// Every container but those being created. A running container's
+    /// record is kept current by its watcher (which waits on the monitor),
+    /// so listing is an in-memory read; only created ones, which nothing
+    /// watches, are checked against their monitor.
     pub fn list(&self) -> Vec<ContainerRecord> {
         let entries: Vec<Arc<Entry>> = self.index().by_id.values().cloned().collect();
         entries
             .iter()
-            .map(|e| self.refresh(e))
+            .map(|e| {
+                let rec = e.snapshot();
+                match rec.state {
+                    ContainerState::Created => self.refresh(e),
+                    _ => rec,
+                }
+            })
             .filter(|r| r.state != ContainerState::Creating)
             .collect()
     }
