@@ -5,6 +5,7 @@ mod cli;
 mod config;
 mod containers;
 mod daemon;
+mod idle;
 mod pods;
 mod server;
 mod services;

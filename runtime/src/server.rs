@@ -30,6 +30,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     crate::containers::release_orphan_leases(&daemon, release).await;
     crate::containers::Containers::watch_running(&daemon);
     start_streaming(&daemon).await?;
+    crate::idle::spawn_idle_trim();
     let listener = bind(&socket)?;
     let _remove_socket = RemoveOnDrop(socket.clone());
     info!(
@@ -44,6 +45,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         .layer(ApiVersionLayer)
+        .layer(crate::idle::ActivityLayer)
         .add_service(RuntimeServiceServer::new(cri.clone()))
         .add_service(ImageServiceServer::new(cri))
         // crust's private admin API (`crust images`), on the same socket.

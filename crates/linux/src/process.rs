@@ -153,15 +153,38 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// This is what keeps an idle monitor's RSS and PSS at what it actually
 /// uses instead of everything start-up and the dynamic loader touched.
 pub fn trim_working_set() {
+    // The monitor is single-threaded: nothing maps or unmaps anything while
+    // this runs, so every clean read-only file mapping qualifies.
+    trim(|_| true);
+}
+
+/// [`trim_working_set`] for a multi-threaded process (the daemon, when
+/// idle): only the mappings of its own executable and of the shared
+/// libraries under /lib and /usr/lib are trimmed. Those are mapped once by
+/// the loader and never unmapped while the process runs (nothing here calls
+/// `dlclose`), so no other thread can replace one with memory of its own
+/// between reading /proc/self/smaps and the `madvise`.
+pub fn trim_working_set_of_program() {
+    let exe = std::fs::read_link("/proc/self/exe").ok();
+    trim(|path| {
+        exe.as_deref()
+            .is_some_and(|e| e == std::path::Path::new(path))
+            || path.starts_with("/lib/")
+            || path.starts_with("/usr/lib/")
+    });
+}
+
+fn trim(path_ok: impl Fn(&str) -> bool) {
     // SAFETY: malloc_trim only releases free memory at the top of the heap
-    // and in free chunks; it has no preconditions.
+    // and in free chunks; it has no preconditions and takes the arenas'
+    // locks itself.
     unsafe {
         libc::malloc_trim(0);
     }
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return;
     };
-    for (start, end) in trimmable_mappings(&smaps) {
+    for (start, end) in trimmable_mappings(&smaps, &path_ok) {
         let (Some(addr), Some(len)) = (
             std::ptr::NonNull::new(start as *mut libc::c_void),
             std::num::NonZeroUsize::new(end - start),
@@ -171,11 +194,13 @@ pub fn trim_working_set() {
         use nix::sys::mman::{MmapAdvise, madvise};
         // SAFETY: [start, end) is a whole read-only, file-backed private
         // mapping with no anonymous (copy-on-write) page, as the kernel just
-        // reported, and this single-threaded process cannot write to it in
-        // between. Dropping its page-table entries loses nothing: every
-        // page is read back from the file (the page cache) on the next
-        // access. Code currently running is in such a mapping; the kernel
-        // simply faults it back in.
+        // reported, and it stays that mapping (the callers' invariants: a
+        // single thread, or mappings that are never unmapped); being
+        // read-only, no page of it can become a private copy in between.
+        // Dropping its page-table entries loses nothing: every page is read
+        // back from the file (the page cache) on the next access. Code
+        // currently running is in such a mapping; the kernel simply faults
+        // it back in.
         unsafe {
             let _ = madvise(addr, len.get(), MmapAdvise::MADV_RANDOM);
             let _ = madvise(addr, len.get(), MmapAdvise::MADV_DONTNEED);
@@ -184,8 +209,9 @@ pub fn trim_working_set() {
 }
 
 /// The `[start, end)` ranges in `/proc/self/smaps` text that are read-only
-/// (`r--p` / `r-xp`), backed by a file, and have no anonymous page.
-pub fn trimmable_mappings(smaps: &str) -> Vec<(usize, usize)> {
+/// (`r--p` / `r-xp`), backed by a file whose path passes `path_ok`, and
+/// have no anonymous page.
+pub fn trimmable_mappings(smaps: &str, path_ok: impl Fn(&str) -> bool) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut cur: Option<(usize, usize)> = None;
     let mut ok = false;
@@ -205,7 +231,7 @@ pub fn trimmable_mappings(smaps: &str) -> Vec<(usize, usize)> {
             let mut f = line.split_whitespace();
             let perms = f.nth(1).unwrap_or("");
             let path = f.nth(3).unwrap_or("");
-            ok = (perms == "r--p" || perms == "r-xp") && path.starts_with('/');
+            ok = (perms == "r--p" || perms == "r-xp") && path.starts_with('/') && path_ok(path);
             cur = Some((a, b));
             continue;
         }
@@ -256,8 +282,9 @@ Anonymous:            72 kB
 Anonymous:             0 kB
 ";
         assert_eq!(
-            trimmable_mappings(smaps),
+            trimmable_mappings(smaps, |_| true),
             vec![(0x0020_0000, 0x0033_6000), (0x0033_6000, 0x0076_2000)]
         );
+        assert!(trimmable_mappings(smaps, |p| p.starts_with("/usr/lib/")).is_empty());
     }
 }
