@@ -5,6 +5,9 @@
 #   make test   installs what the tests need and runs the whole suite
 #   make bench  builds release and benchmarks a freshly started crust
 #               (hack/bench.sh; extra crust-bench flags in BENCH_ARGS)
+#   make bench-vs-containerd
+#               the same, side by side with a freshly started containerd
+#               (Debian's, installed if missing; hack/bench-vs-containerd.sh)
 #
 # All are meant for a fresh Debian 12 machine, as root.
 
@@ -19,7 +22,7 @@ TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-stati
 BENCH_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
 BENCH_ARGS ?=
 
-.PHONY: run build release test bench deps-run deps-test deps-bench fmt lint critest clean
+.PHONY: run build release test bench bench-vs-containerd deps-run deps-test deps-bench fmt lint critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -37,6 +40,10 @@ test: deps-test
 bench: deps-bench
 	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
 	BENCH_ARGS='$(BENCH_ARGS)' hack/bench.sh
+
+bench-vs-containerd: deps-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-vs-containerd.sh
 
 deps-run:
 	@hack/apt-install.sh $(RUN_PACKAGES) $(BUILD_PACKAGES)

@@ -10,8 +10,8 @@ mod push;
 mod stats;
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -42,6 +42,17 @@ enum Command {
         /// host:port of the registry, e.g. 127.0.0.1:5000.
         #[arg(long)]
         registry: String,
+    },
+    /// Push a pod sandbox ("pause") image made of one static binary, as
+    /// REGISTRY/crust-bench/pause:3.9, for runtimes that start a sandbox
+    /// container per pod (containerd), on machines without internet.
+    PushPauseImage {
+        /// host:port of the registry.
+        #[arg(long)]
+        registry: String,
+        /// The static binary to run as /pause.
+        #[arg(long)]
+        binary: PathBuf,
     },
 }
 
@@ -89,7 +100,7 @@ struct Args {
     image: Option<String>,
     /// Runtime handlers of the container scenarios, comma-separated
     /// ("" is the endpoint's default).
-    #[arg(long, value_delimiter = ',', default_value = ",runc")]
+    #[arg(long, value_delimiter = ',', default_value = "runc,embedded")]
     handler: Vec<String>,
     /// Containers present while ListContainers / ListPodSandbox are timed.
     #[arg(long, default_value_t = 1000)]
@@ -107,6 +118,20 @@ struct Args {
     /// How many density pods are started / removed at a time.
     #[arg(long, default_value_t = 10)]
     density_parallel: usize,
+    /// cgroup_parent of every pod the bench starts (cgroupfs form), so its
+    /// pods never share a cgroup with anyone else's; emptied directories
+    /// below it are removed at exit. Default: /crust-bench-<pid>. "" leaves
+    /// it to the runtime.
+    #[arg(long)]
+    cgroup_parent: Option<String>,
+    /// Seconds a monitor is left alone before its footprint is read (the
+    /// crust monitor trims its working set 2 s after its last request).
+    #[arg(long, default_value_t = 3.0)]
+    settle_secs: f64,
+    /// Images to pull on every endpoint before measuring (e.g. the sandbox
+    /// image a runtime pulls on its first RunPodSandbox).
+    #[arg(long, value_delimiter = ',')]
+    prepull: Vec<String>,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -150,6 +175,9 @@ struct Target {
     /// Fixtures of the scenario being measured.
     pods: Vec<(String, String, v1::PodSandboxConfig)>,
     container: Option<String>,
+    /// Left out of the scenario being measured (e.g. it has no such
+    /// runtime handler).
+    skip: bool,
 }
 
 /// Pods created and not yet removed, as (target index, pod id): removed at
@@ -158,6 +186,8 @@ static CREATED: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
 /// Images pulled by the pull scenario, as (target index, image ref).
 static PULLED: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
 static SEQ: AtomicU64 = AtomicU64::new(0);
+/// cgroup_parent of the bench's pods ("" = the runtime's default).
+static CGROUP_PARENT: OnceLock<String> = OnceLock::new();
 
 fn track(index: usize, pod: &str) {
     CREATED.lock().unwrap().push((index, pod.to_string()));
@@ -221,6 +251,7 @@ async fn connect(
         image: None,
         pods: Vec::new(),
         container: None,
+        skip: false,
     })
 }
 
@@ -237,9 +268,16 @@ fn pod_config(name: &str, host_network: bool) -> v1::PodSandboxConfig {
             namespace: "crust-bench".into(),
             attempt: 0,
         }),
-        hostname: name.into(),
+        // As kubelet: a host-network pod keeps the node's UTS namespace and
+        // hostname.
+        hostname: if host_network {
+            String::new()
+        } else {
+            name.into()
+        },
         log_directory: log_root().join(name).display().to_string(),
         linux: Some(v1::LinuxPodSandboxConfig {
+            cgroup_parent: CGROUP_PARENT.get().cloned().unwrap_or_default(),
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 // kubelet's defaults: pod network and IPC, per-container
                 // PID namespace (no pause process).
@@ -306,6 +344,9 @@ async fn run_pod(
     host_network: bool,
 ) -> anyhow::Result<(String, v1::PodSandboxConfig)> {
     let config = pod_config(&unique("bench"), host_network);
+    // As kubelet: the pod's log directory exists before the pod.
+    std::fs::create_dir_all(&config.log_directory)
+        .with_context(|| format!("creating {}", config.log_directory))?;
     let id = rt
         .run_pod_sandbox(v1::RunPodSandboxRequest {
             config: Some(config.clone()),
@@ -530,8 +571,9 @@ async fn measure(
     iterations: usize,
     rounds: usize,
 ) -> anyhow::Result<()> {
-    let pb = bar(((warmup + iterations) * targets.len()) as u64, label);
-    for t in targets.iter_mut() {
+    let active = targets.iter().filter(|t| !t.skip).count();
+    let pb = bar(((warmup + iterations) * active) as u64, label);
+    for t in targets.iter_mut().filter(|t| !t.skip) {
         for _ in 0..warmup {
             once(t, op).await?;
             pb.inc(1);
@@ -540,7 +582,10 @@ async fn measure(
     let per_round = iterations.div_ceil(rounds.max(1));
     // Per target: phases in first-seen order with their samples.
     let mut samples: Vec<Vec<(String, Vec<Duration>)>> = vec![Vec::new(); targets.len()];
-    let mut done = vec![0usize; targets.len()];
+    let mut done: Vec<usize> = targets
+        .iter()
+        .map(|t| if t.skip { iterations } else { 0 })
+        .collect();
     while done.iter().any(|&d| d < iterations) {
         for (i, t) in targets.iter_mut().enumerate() {
             for _ in 0..per_round {
@@ -592,32 +637,119 @@ fn rss_pss(pid: u32) -> Option<(f64, f64)> {
     Some((field("Rss:")?, field("Pss:")?))
 }
 
-/// PIDs of the monitor processes (crust-shim, or any *shim*) whose command
-/// line names the container.
-fn shims_of(container_id: &str) -> Vec<u32> {
+fn pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut pids = Vec::new();
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let mut args = cmdline.split(|&b| b == 0);
-        let argv0 = String::from_utf8_lossy(args.next().unwrap_or_default()).into_owned();
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if !(argv0.contains("shim") || comm.contains("shim")) {
-            continue;
-        }
-        if String::from_utf8_lossy(&cmdline).contains(container_id) {
-            pids.push(pid);
-        }
-    }
+    let mut pids: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect();
     pids.sort();
     pids
+}
+
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm may hold spaces and parentheses: fields follow the last ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Whether `pid` is in the container's cgroup: with the cgroupfs driver
+/// every runtime names it after the container ID (crust `crust-<id>`,
+/// containerd `<id>`).
+fn in_container_cgroup(pid: u32, container_id: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|s| {
+        s.lines().any(|l| {
+            l.rsplit('/')
+                .next()
+                .is_some_and(|last| last.ends_with(container_id))
+        })
+    })
+}
+
+/// The monitor of a running container: the parent of the container's init
+/// (the first process of its cgroup whose parent is outside it). That is
+/// crust-shim for crust and containerd-shim-runc-v2 for containerd (there
+/// one shim serves the whole pod). Falls back to a `*shim*` process whose
+/// command line names the container.
+fn monitor_of(container_id: &str) -> Option<u32> {
+    let all = pids();
+    let inside: Vec<u32> = all
+        .iter()
+        .copied()
+        .filter(|&p| in_container_cgroup(p, container_id))
+        .collect();
+    let from_cgroup = inside
+        .iter()
+        .filter_map(|&p| ppid(p))
+        .find(|pp| !inside.contains(pp) && *pp > 1);
+    from_cgroup.or_else(|| {
+        all.into_iter().find(|&pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+            (String::from_utf8_lossy(argv0).contains("shim") || comm(pid).contains("shim"))
+                && String::from_utf8_lossy(&cmdline).contains(container_id)
+        })
+    })
+}
+
+/// Whether `pid` runs in a pod's cgroup below the bench's cgroup parent (a
+/// container or a sandbox / pause process, not a monitor).
+fn in_pod_cgroup(pid: u32) -> bool {
+    let parent = CGROUP_PARENT.get().map_or("", |p| p.trim_end_matches('/'));
+    !parent.is_empty()
+        && std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|s| {
+            s.lines().any(|l| {
+                l.split(':')
+                    .nth(2)
+                    .is_some_and(|path| path.starts_with(&format!("{parent}/")))
+            })
+        })
+}
+
+/// The monitor and the helper processes it has running for the container:
+/// its descendants outside the container's cgroup (a forked child, a
+/// runtime binary, an exec session, a sandbox's pause process), and any
+/// other `*shim*` process whose command line names the container.
+fn monitor_tree(monitor: u32, container_id: &str) -> Vec<(u32, String)> {
+    let all = pids();
+    let parent: Vec<(u32, Option<u32>)> = all.iter().map(|&p| (p, ppid(p))).collect();
+    let mut tree = vec![monitor];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        for (c, pp) in &parent {
+            if *pp == Some(p) && !tree.contains(c) && !in_container_cgroup(*c, container_id) {
+                tree.push(*c);
+            }
+        }
+        i += 1;
+    }
+    for &pid in &all {
+        if tree.contains(&pid) || !comm(pid).contains("shim") {
+            continue;
+        }
+        if std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(container_id))
+        {
+            tree.push(pid);
+        }
+    }
+    tree.into_iter().map(|p| (p, comm(p))).collect()
 }
 
 fn figure(report: &mut Report, name: &str, endpoint: &str, value: f64, unit: &'static str) {
@@ -629,41 +761,65 @@ fn figure(report: &mut Report, name: &str, endpoint: &str, value: f64, unit: &'s
     });
 }
 
+/// The scenario `name` does not apply to the target (e.g. no such runtime
+/// handler): reported as n/a, not as a failure.
+fn not_applicable(report: &mut Report, name: &str, t: &mut Target, why: &anyhow::Error) {
+    let reason = format!("{why:#}");
+    let reason = reason.lines().next().unwrap_or_default();
+    report.not_applicable.push(stats::NotApplicable {
+        name: name.to_string(),
+        endpoint: t.name.clone(),
+        reason: reason.chars().take(160).collect(),
+    });
+    t.skip = true;
+}
+
 async fn footprint_monitor(
     report: &mut Report,
     t: &mut Target,
     handler: &str,
+    settle: Duration,
 ) -> anyhow::Result<()> {
     let h = handler_label(handler);
     let image = t.image.clone().context("no image")?;
-    let pod = run_pod(&mut t.rt, t.index, handler, true).await?;
+    let pod = match run_pod(&mut t.rt, t.index, handler, true).await {
+        Ok(pod) => pod,
+        Err(e) => {
+            not_applicable(report, &format!("monitor[{h}]"), t, &e);
+            t.skip = false;
+            return Ok(());
+        }
+    };
     let result = async {
         let id = create_container(&mut t.rt, &pod, &image).await?;
         start_container(&mut t.rt, &id).await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let before = shims_of(&id);
-        let Some(&monitor) = before.first() else {
+        // Idle: no request for `settle` (a monitor may trim itself then).
+        tokio::time::sleep(settle).await;
+        let Some(monitor) = monitor_of(&id) else {
             report.skipped.push(format!(
-                "monitor footprint [{h}] on {}: no *shim* process names the container",
+                "monitor footprint [{h}] on {}: no monitor process found",
                 t.name
             ));
             return Ok(());
         };
+        let name = comm(monitor);
         if let Some((rss, pss)) = rss_pss(monitor) {
             figure(report, &format!("monitor[{h}] rss"), &t.name, rss, "KiB");
             figure(report, &format!("monitor[{h}] pss"), &t.name, pss, "KiB");
         }
         let mut rt = t.rt.clone();
         let exec_id = id.clone();
+        // An exec that outlives the measurement by a safe margin.
+        let exec_secs = settle.as_secs() + 3;
         let exec = tokio::spawn(async move {
             rt.exec_sync(v1::ExecSyncRequest {
                 container_id: exec_id,
-                cmd: vec!["sleep".into(), "2".into()],
-                timeout: 10,
+                cmd: vec!["sleep".into(), exec_secs.to_string()],
+                timeout: exec_secs as i64 + 10,
             })
             .await
         });
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        tokio::time::sleep(settle).await;
         if let Some((rss, pss)) = rss_pss(monitor) {
             figure(
                 report,
@@ -680,29 +836,49 @@ async fn footprint_monitor(
                 "KiB",
             );
         }
-        let all = shims_of(&id);
-        let (mut rss, mut pss) = (0.0, 0.0);
-        for p in &all {
-            if let Some((r, s)) = rss_pss(*p) {
-                rss += r;
-                pss += s;
+        // Monitor processes (the monitor, helpers it forked or ran, exec
+        // sessions), and the pod's sandbox processes (a pause container)
+        // the monitor also parents: together, the per-pod overhead.
+        let all = monitor_tree(monitor, &id);
+        let (mut mon, mut pod) = ((0.0, 0.0), (0.0, 0.0));
+        let (mut mon_names, mut sandbox_names) = (Vec::new(), Vec::new());
+        for (p, n) in &all {
+            let Some((r, s)) = rss_pss(*p) else { continue };
+            if in_pod_cgroup(*p) {
+                sandbox_names.push(n.as_str());
+            } else {
+                mon = (mon.0 + r, mon.1 + s);
+                mon_names.push(n.as_str());
             }
+            pod = (pod.0 + r, pod.1 + s);
         }
-        figure(
-            report,
-            &format!("monitors[{h}] rss, exec ({})", all.len()),
-            &t.name,
-            rss,
-            "KiB",
-        );
-        figure(
-            report,
-            &format!("monitors[{h}] pss, exec ({})", all.len()),
-            &t.name,
-            pss,
-            "KiB",
-        );
-        exec.await?.context("ExecSync sleep 2")?;
+        report.notes.push(format!(
+            "monitor[{h}] on {}: {name} (pid {monitor}); with an exec, monitors: {}; sandbox: {}",
+            t.name,
+            mon_names.join(" + "),
+            if sandbox_names.is_empty() {
+                "none".to_string()
+            } else {
+                sandbox_names.join(" + ")
+            }
+        ));
+        for (what, (rss, pss)) in [("monitors", mon), ("pod overhead", pod)] {
+            figure(
+                report,
+                &format!("{what}[{h}] rss, exec"),
+                &t.name,
+                rss,
+                "KiB",
+            );
+            figure(
+                report,
+                &format!("{what}[{h}] pss, exec"),
+                &t.name,
+                pss,
+                "KiB",
+            );
+        }
+        exec.await?.context("ExecSync sleep")?;
         anyhow::Ok(())
     }
     .await;
@@ -912,6 +1088,11 @@ async fn run_scenarios(
             t.image = Some(pull(t, image).await?);
         }
     }
+    for image in &args.prepull {
+        for t in targets.iter_mut() {
+            pull(t, image).await?;
+        }
+    }
 
     for (s, op) in [
         (Scenario::Version, Op::Version),
@@ -958,16 +1139,24 @@ async fn run_scenarios(
     }
     if has(Scenario::Container) {
         for handler in &args.handler {
+            let h = handler_label(handler);
             for t in targets.iter_mut() {
-                let pod = run_pod(&mut t.rt, t.index, handler, true).await?;
-                t.pods = vec![(handler.clone(), pod.0, pod.1)];
+                match run_pod(&mut t.rt, t.index, handler, true).await {
+                    Ok(pod) => t.pods = vec![(handler.clone(), pod.0, pod.1)],
+                    Err(e) => not_applicable(report, &format!("ctr[{h}]"), t, &e),
+                }
             }
             let op = Op::Container {
                 handler: handler.clone(),
             };
-            let label = format!("container [{}]", handler_label(handler));
-            let r = measure(report, targets, &op, &label, slow.0, slow.1, args.rounds).await;
+            let label = format!("container [{h}]");
+            let r = if targets.iter().any(|t| !t.skip) {
+                measure(report, targets, &op, &label, slow.0, slow.1, args.rounds).await
+            } else {
+                Ok(())
+            };
             for t in targets.iter_mut() {
+                t.skip = false;
                 for (_, id, _) in std::mem::take(&mut t.pods) {
                     remove_pod(&mut t.rt, t.index, &id).await?;
                 }
@@ -1038,7 +1227,8 @@ async fn run_scenarios(
     if has(Scenario::Footprint) {
         for t in targets.iter_mut() {
             for handler in &args.handler {
-                footprint_monitor(report, t, handler).await?;
+                let settle = Duration::from_secs_f64(args.settle_secs.max(0.0));
+                footprint_monitor(report, t, handler, settle).await?;
             }
         }
     }
@@ -1138,6 +1328,35 @@ async fn cleanup(targets: &mut [Target]) {
     let _ = std::fs::remove_dir_all(log_root());
 }
 
+/// Removes the bench's cgroup parent in every hierarchy, deepest first
+/// (rmdir only: a cgroup that still has processes stays, and says so).
+fn remove_cgroup_parent(parent: &str) {
+    let rel = parent.trim_matches('/');
+    if rel.is_empty() {
+        return;
+    }
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    fn rm(dir: &std::path::Path) -> bool {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    rm(&e.path());
+                }
+            }
+        }
+        std::fs::remove_dir(dir).is_ok()
+    }
+    for h in hierarchies.flatten() {
+        let dir = h.path().join(rel);
+        if dir.is_dir() && !rm(&dir) {
+            eprintln!("cgroup {} is not empty; left in place", dir.display());
+        }
+    }
+    // A top-level "/crust-bench-N": nothing above it to clean.
+}
+
 async fn push_test_image(registry: &str) -> anyhow::Result<()> {
     let img = push::busybox_image()?;
     push::Pusher::new(registry)
@@ -1150,10 +1369,24 @@ async fn push_test_image(registry: &str) -> anyhow::Result<()> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(Command::PushTestImage { registry }) = &cli.command {
-        return push_test_image(registry).await;
+    match &cli.command {
+        Some(Command::PushTestImage { registry }) => return push_test_image(registry).await,
+        Some(Command::PushPauseImage { registry, binary }) => {
+            let img = push::pause_image(binary)?;
+            push::Pusher::new(registry)
+                .image("crust-bench/pause", "3.9", &img)
+                .await?;
+            println!("{registry}/crust-bench/pause:3.9");
+            return Ok(());
+        }
+        None => {}
     }
     let args = cli.args;
+    let cgroup_parent = args
+        .cgroup_parent
+        .clone()
+        .unwrap_or_else(|| format!("/crust-bench-{}", std::process::id()));
+    let _ = CGROUP_PARENT.set(cgroup_parent.clone());
     anyhow::ensure!(
         args.iterations > 0 && args.rounds > 0 && args.lifecycle_iterations > 0,
         "iterations and rounds must be > 0"
@@ -1171,6 +1404,7 @@ async fn main() -> anyhow::Result<()> {
         _ = term.recv() => Err(anyhow::anyhow!("terminated")),
     };
     cleanup(&mut targets).await;
+    remove_cgroup_parent(&cgroup_parent);
     if let [a, b] = &targets[..] {
         report.compute_ratios(&a.name, &b.name);
     }

@@ -28,6 +28,17 @@ pub fn busybox_image() -> anyhow::Result<TestImage> {
     }))
 }
 
+/// A pod sandbox image: `binary` (static) as /pause, its command.
+pub fn pause_image(binary: &std::path::Path) -> anyhow::Result<TestImage> {
+    let bin = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    let tar = LayerTar::new().file_mode("pause", &bin, 0o755).finish();
+    Ok(registry::build(ImageSpec {
+        layers: vec![registry::gzip(&tar)],
+        cmd: &["/pause"],
+        ..Default::default()
+    }))
+}
+
 /// `layers` layers of `mib_per_layer` MiB of incompressible data each (one
 /// file per layer), gzip-wrapped; `seed` makes every generated image
 /// distinct, so a cold pull shares nothing with an earlier one.

@@ -26,11 +26,22 @@ pub struct Figure {
     pub unit: &'static str,
 }
 
+/// A/B of one figure; `None` where B has no such figure (n/a there).
 #[derive(Debug, Serialize)]
 pub struct Ratio {
     pub name: String,
-    pub median_a_over_b: f64,
+    pub median_a_over_b: Option<f64>,
     pub p99_a_over_b: Option<f64>,
+}
+
+/// A scenario that does not apply to an endpoint (e.g. a runtime handler it
+/// does not have): shown as n/a instead of failing the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct NotApplicable {
+    /// The figure-name prefix, e.g. `ctr[embedded]`.
+    pub name: String,
+    pub endpoint: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -38,7 +49,10 @@ pub struct Report {
     pub results: Vec<Summary>,
     pub figures: Vec<Figure>,
     pub ratios: Vec<Ratio>,
+    pub not_applicable: Vec<NotApplicable>,
     pub skipped: Vec<String>,
+    /// What was measured where (e.g. which process is the monitor).
+    pub notes: Vec<String>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -70,34 +84,30 @@ fn time(us: f64) -> String {
 }
 
 impl Report {
-    /// Ratios A/B for every figure measured on exactly the two endpoints.
+    /// Ratios A/B for every figure measured on A (n/a where B has none).
     pub fn compute_ratios(&mut self, a: &str, b: &str) {
         let mut ratios = Vec::new();
         for sa in self.results.iter().filter(|s| s.endpoint == a) {
-            if let Some(sb) = self
+            let sb = self
                 .results
                 .iter()
-                .find(|s| s.endpoint == b && s.scenario == sa.scenario)
-            {
-                ratios.push(Ratio {
-                    name: sa.scenario.clone(),
-                    median_a_over_b: sa.median_us / sb.median_us,
-                    p99_a_over_b: Some(sa.p99_us / sb.p99_us),
-                });
-            }
+                .find(|s| s.endpoint == b && s.scenario == sa.scenario);
+            ratios.push(Ratio {
+                name: sa.scenario.clone(),
+                median_a_over_b: sb.map(|sb| sa.median_us / sb.median_us),
+                p99_a_over_b: sb.map(|sb| sa.p99_us / sb.p99_us),
+            });
         }
         for fa in self.figures.iter().filter(|f| f.endpoint == a) {
-            if let Some(fb) = self
+            let fb = self
                 .figures
                 .iter()
-                .find(|f| f.endpoint == b && f.name == fa.name)
-            {
-                ratios.push(Ratio {
-                    name: fa.name.clone(),
-                    median_a_over_b: fa.value / fb.value,
-                    p99_a_over_b: None,
-                });
-            }
+                .find(|f| f.endpoint == b && f.name == fa.name);
+            ratios.push(Ratio {
+                name: fa.name.clone(),
+                median_a_over_b: fb.map(|fb| fa.value / fb.value),
+                p99_a_over_b: None,
+            });
         }
         self.ratios = ratios;
     }
@@ -115,7 +125,7 @@ impl Report {
             "{:<34} {:<ep_w$} {:>6} {:>10} {:>10} {:>10} {:>10}",
             "latency", "endpoint", "n", "median", "p90", "p99", "max"
         );
-        for s in &self.results {
+        for (i, s) in self.results.iter().enumerate() {
             println!(
                 "{:<34} {:<ep_w$} {:>6} {:>10} {:>10} {:>10} {:>10}",
                 s.scenario,
@@ -126,6 +136,19 @@ impl Report {
                 time(s.p99_us),
                 time(s.max_us)
             );
+            // An n/a endpoint's row right after the last row of the group.
+            let next = self.results.get(i + 1).map(|n| n.scenario.as_str());
+            if next != Some(s.scenario.as_str()) {
+                for na in &self.not_applicable {
+                    if s.scenario.starts_with(&format!("{} ", na.name)) && na.endpoint != s.endpoint
+                    {
+                        println!(
+                            "{:<34} {:<ep_w$} {:>6} {:>10}",
+                            s.scenario, na.endpoint, "", "n/a"
+                        );
+                    }
+                }
+            }
         }
         if !self.figures.is_empty() {
             println!();
@@ -136,6 +159,18 @@ impl Report {
                     unit => format!("{:.1} {unit}", f.value),
                 };
                 println!("{:<34} {:<ep_w$} {:>12}", f.name, f.endpoint, v);
+                let next = self
+                    .figures
+                    .iter()
+                    .skip_while(|g| !std::ptr::eq(*g, f))
+                    .nth(1);
+                if next.is_none_or(|n| n.name != f.name) {
+                    for na in &self.not_applicable {
+                        if f.name.starts_with(&na.name) && na.endpoint != f.endpoint {
+                            println!("{:<34} {:<ep_w$} {:>12}", f.name, na.endpoint, "n/a");
+                        }
+                    }
+                }
             }
         }
         if !self.ratios.is_empty() {
@@ -143,17 +178,25 @@ impl Report {
             println!("{:<34} {:>12} {:>12}", "A/B", "median", "p99");
             for r in &self.ratios {
                 println!(
-                    "{:<34} {:>12.2} {:>12}",
+                    "{:<34} {:>12} {:>12}",
                     r.name,
-                    r.median_a_over_b,
+                    r.median_a_over_b
+                        .map(|v| format!("{v:.2}"))
+                        .unwrap_or_else(|| "n/a".into()),
                     r.p99_a_over_b
                         .map(|v| format!("{v:.2}"))
                         .unwrap_or_default()
                 );
             }
         }
+        for na in &self.not_applicable {
+            println!("n/a: {} on {}: {}", na.name, na.endpoint, na.reason);
+        }
         for s in &self.skipped {
             println!("skipped: {s}");
+        }
+        for n in &self.notes {
+            println!("note: {n}");
         }
     }
 }
