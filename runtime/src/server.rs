@@ -28,7 +28,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let (daemon, release) = Daemon::open(config).await?;
     let daemon = Arc::new(daemon);
     crate::containers::release_orphan_leases(&daemon, release).await;
-    crate::containers::Containers::watch_running(&daemon);
+    crate::containers::Containers::watch_live(&daemon);
     start_streaming(&daemon).await?;
     crate::idle::spawn_idle_trim();
     let listener = bind(&socket)?;

@@ -602,6 +602,62 @@ async fn a_daemon_crash_loses_no_exit_code_and_stops_nothing() {
     drop(e.net);
 }
 
+/// The pid of the monitor of container `id` of the daemon with `run_dir`.
+fn monitor_pid(run_dir: &str, id: &str) -> i32 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find(|p| {
+            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("crust-shim") && c.contains(run_dir) && c.contains(id)
+            })
+        })
+        .and_then(|p| p.file_name().to_str()?.parse().ok())
+        .expect("the container's monitor")
+}
+
+/// ListContainers answers from memory: a created container whose process
+/// dies (nobody started it) must still show up as exited there, through
+/// the watcher that waits on its monitor.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_sees_a_created_container_die() {
+    let mut e = env().await;
+    let pod = e.pod("listed", "").await;
+    let id = e.create(&pod, e.container("doomed")).await.unwrap();
+    // The created (not yet started) init: the monitor's only child.
+    let monitor = monitor_pid(&e.d.run_dir.to_string_lossy(), &id);
+    let children =
+        std::fs::read_to_string(format!("/proc/{monitor}/task/{monitor}/children")).unwrap();
+    let pid: i32 = children
+        .split_whitespace()
+        .next()
+        .expect("the created init")
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        let listed =
+            e.rt.list_containers(v1::ListContainersRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .containers;
+        let state = listed.iter().find(|c| c.id == id).map(|c| c.state);
+        if state != Some(v1::ContainerState::ContainerCreated as i32) || Instant::now() > deadline {
+            break state;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(state, Some(v1::ContainerState::ContainerExited as i32));
+    drop(e.net);
+}
+
 /// Unmounts a test's submount even when the test fails.
 struct Submount(PathBuf);
 
@@ -700,17 +756,7 @@ async fn a_killed_monitor_ends_its_container(handler: &str) {
     let id = e.run(&pod, e.container("orphan")).await;
     let pid = e.pid_of(&id).await;
     let dir = e.d.run_dir.to_string_lossy().into_owned();
-    let monitor: i32 = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .find(|p| {
-            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
-                let c = String::from_utf8_lossy(&c);
-                c.contains("crust-shim") && c.contains(&dir) && c.contains(&id)
-            })
-        })
-        .and_then(|p| p.file_name().to_str()?.parse().ok())
-        .expect("the container's monitor");
+    let monitor = monitor_pid(&dir, &id);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(monitor),
         nix::sys::signal::Signal::SIGKILL,

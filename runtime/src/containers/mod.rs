@@ -170,21 +170,14 @@ impl Containers {
     }
 
     /// Every visible container, refreshed.
-    /// Every container but those being created. A running container's
-    /// record is kept current by its watcher (which waits on the monitor),
-    /// so listing is an in-memory read; only created ones, which nothing
-    /// watches, are checked against their monitor.
+    /// Every container but those being created: an in-memory read. The
+    /// record of a created or running container is kept current by its
+    /// watcher, which waits on the monitor (see [`Containers::watch`]).
     pub fn list(&self) -> Vec<ContainerRecord> {
-        let entries: Vec<Arc<Entry>> = self.index().by_id.values().cloned().collect();
-        entries
-            .iter()
-            .map(|e| {
-                let rec = e.snapshot();
-                match rec.state {
-                    ContainerState::Created => self.refresh(e),
-                    _ => rec,
-                }
-            })
+        self.index()
+            .by_id
+            .values()
+            .map(|e| e.snapshot())
             .filter(|r| r.state != ContainerState::Creating)
             .collect()
     }
@@ -356,10 +349,12 @@ impl Containers {
         Ok(release)
     }
 
-    /// Starts a task that notices the exit of a running container (STOPPED
-    /// event, record) without anyone asking: it waits on the monitor, which
-    /// answers the moment it has reaped the container, so an exit is seen
-    /// within milliseconds and an idle container costs no wake-ups.
+    /// Starts a task that notices the exit of a created or running
+    /// container (STOPPED event, record) without anyone asking: it waits on
+    /// the monitor, which answers the moment it has reaped the container's
+    /// init, so an exit is seen within milliseconds, an idle container costs
+    /// no wake-ups, and listing needs no look at any monitor. One task and
+    /// one socket per container, from create until the exit.
     fn watch(daemon: &Arc<Daemon>, id: String) {
         let weak = Arc::downgrade(daemon);
         tokio::spawn(async move {
@@ -384,7 +379,10 @@ impl Containers {
                 let Ok(Some(entry)) = d.containers.resolve(&id) else {
                     return;
                 };
-                if d.containers.refresh(&entry).state != ContainerState::Running {
+                if !matches!(
+                    d.containers.refresh(&entry).state,
+                    ContainerState::Created | ContainerState::Running
+                ) {
                     return;
                 }
                 if let Err(e) = waited {
@@ -398,9 +396,11 @@ impl Containers {
         });
     }
 
-    pub fn watch_running(daemon: &Arc<Daemon>) {
+    /// At start: a watcher for every created or running container (their
+    /// state checked against the monitors first, by `recover`).
+    pub fn watch_live(daemon: &Arc<Daemon>) {
         for rec in daemon.containers.list() {
-            if rec.state == ContainerState::Running {
+            if matches!(rec.state, ContainerState::Created | ContainerState::Running) {
                 Self::watch(daemon, rec.id);
             }
         }
@@ -700,6 +700,7 @@ pub async fn create(
     info!(id, name = %rec.name, pod = %rec.pod_id, "container created");
     cs.emit(EventKind::Created, &rec);
     cs.publish(rec);
+    Containers::watch(&daemon, id.clone());
     Ok(id)
 }
 
@@ -926,7 +927,6 @@ pub async fn start(daemon: Arc<Daemon>, id: String) -> Result<(), Status> {
     }
     entry.set(rec.clone());
     cs.emit(EventKind::Started, &rec);
-    Containers::watch(&daemon, rec.id.clone());
     info!(id = %rec.id, "container started");
     // A container that exited at once is reported so.
     cs.refresh(&entry);
