@@ -134,6 +134,26 @@ pub fn reset_signals() {
     let _ = unsafe { nix::sys::signal::signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
+/// Raises this process's soft limit on open files to its hard limit (a
+/// daemon holds a socket per live container); returns the soft limit it
+/// had, for children that should keep it.
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(soft)
+}
+
+/// Sets the soft limit on open files (not above the hard limit).
+pub fn set_open_files_soft_limit(soft: u64) -> io::Result<()> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    setrlimit(Resource::RLIMIT_NOFILE, soft.min(hard), hard)?;
+    Ok(())
+}
+
 /// Marks `fd` non-blocking.
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl};

@@ -44,6 +44,18 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// The PATH the monitor (and through it the OCI runtime) gets.
 pub const SHIM_PATH_ENV: &str = crate::runtime::cli::DEFAULT_PATH;
 
+/// The variable that gives a monitor the soft RLIMIT_NOFILE to run with.
+pub const NOFILE_ENV: &str = "CRUST_SHIM_NOFILE";
+
+static CHILD_NOFILE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// The soft limit on open files that monitors (and so containers) get: a
+/// daemon that raised its own for its sockets passes the node's on, so
+/// containers see the limit they would see anywhere else.
+pub fn set_monitor_open_files_limit(soft: u64) {
+    let _ = CHILD_NOFILE.set(soft);
+}
+
 /// How long a plain request may take before the client gives up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -225,11 +237,15 @@ impl Shim {
         let cfg = serde_json::to_vec(&opts.config).map_err(|e| Error::Protocol(e.to_string()))?;
         crate::exit::write_atomic(&opts.state_dir, CONFIG_FILE, &cfg)?;
         let _ = fs::remove_file(opts.state_dir.join(EXIT_FILE));
-        let mut child = Command::new(&opts.shim_binary)
-            .arg("container")
+        let mut cmd = Command::new(&opts.shim_binary);
+        cmd.arg("container")
             .arg(&opts.state_dir)
             .env_clear()
-            .env("PATH", SHIM_PATH_ENV)
+            .env("PATH", SHIM_PATH_ENV);
+        if let Some(n) = CHILD_NOFILE.get() {
+            cmd.env(NOFILE_ENV, n.to_string());
+        }
+        let mut child = cmd
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

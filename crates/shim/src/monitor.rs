@@ -92,6 +92,12 @@ const EXEC_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Entry point of the `crust-shim` binary; returns the exit code.
 pub fn main() -> i32 {
+    if let Some(n) = std::env::var(crate::client::NOFILE_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        let _ = sys::set_open_files_soft_limit(n);
+    }
     let args: Vec<OsString> = std::env::args_os().collect();
     let mode = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
     let dir = args.get(2).map(PathBuf::from);
