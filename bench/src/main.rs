@@ -1057,6 +1057,9 @@ async fn run_scenarios(
     let slow = (args.lifecycle_warmup, args.lifecycle_iterations);
 
     if has(Scenario::Footprint) {
+        // Idle as for the monitors: no request for --settle-secs (crust's
+        // daemon trims itself after 2 s of quiet).
+        tokio::time::sleep(Duration::from_secs_f64(args.settle_secs.max(0.0))).await;
         for t in targets.iter() {
             if let Some((rss, _)) = t.pid.and_then(proc_rss) {
                 figure(report, "daemon rss idle", &t.name, rss, "KiB");

@@ -10,12 +10,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tower::{Layer, Service};
 
-/// Quiet time after which the daemon trims itself (once per quiet spell).
-pub const IDLE_AFTER: Duration = Duration::from_secs(5);
+/// Quiet time after which the daemon trims itself (once per quiet spell),
+/// as the monitor does 2 s after its last request.
+pub const IDLE_AFTER: Duration = Duration::from_secs(2);
+
+/// How often the call counter is looked at.
+const TICK: Duration = Duration::from_millis(500);
 
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
@@ -53,29 +57,46 @@ where
     }
 }
 
-/// Whether a quiet spell has just begun: no call since the last tick, and
-/// none trimmed for yet.
-fn should_trim(last: &mut (u64, bool), now: u64) -> bool {
-    let (seen, trimmed) = *last;
-    if now != seen {
-        *last = (now, false);
-        return false;
+/// The quiet-spell tracker: the call count last seen, since when it has
+/// not changed, and whether this spell was trimmed already.
+#[derive(Debug)]
+struct Quiet {
+    calls: u64,
+    since: Instant,
+    trimmed: bool,
+}
+
+impl Quiet {
+    /// Whether to trim now, with `calls` counted so far at `now`.
+    fn should_trim(&mut self, calls: u64, now: Instant) -> bool {
+        if calls != self.calls {
+            *self = Quiet {
+                calls,
+                since: now,
+                trimmed: false,
+            };
+            return false;
+        }
+        if self.trimmed || now.duration_since(self.since) < IDLE_AFTER {
+            return false;
+        }
+        self.trimmed = true;
+        true
     }
-    if trimmed {
-        return false;
-    }
-    last.1 = true;
-    true
 }
 
 /// Starts the task that trims the daemon after [`IDLE_AFTER`] of quiet.
 pub fn spawn_idle_trim() {
     tokio::spawn(async {
-        // Start-up itself counts as activity: trim after the first quiet spell.
-        let mut last = (u64::MAX, false);
+        // Start-up itself counts as activity.
+        let mut quiet = Quiet {
+            calls: CALLS.load(Ordering::Relaxed),
+            since: Instant::now(),
+            trimmed: false,
+        };
         loop {
-            tokio::time::sleep(IDLE_AFTER).await;
-            if should_trim(&mut last, CALLS.load(Ordering::Relaxed)) {
+            tokio::time::sleep(TICK).await;
+            if quiet.should_trim(CALLS.load(Ordering::Relaxed), Instant::now()) {
                 let _ =
                     tokio::task::spawn_blocking(crust_linux::process::trim_working_set_of_program)
                         .await;
@@ -90,12 +111,18 @@ mod tests {
 
     #[test]
     fn trims_once_per_quiet_spell() {
-        let mut last = (u64::MAX, false);
-        assert!(!should_trim(&mut last, 0), "start-up is activity");
-        assert!(should_trim(&mut last, 0), "a whole quiet tick");
-        assert!(!should_trim(&mut last, 0), "only once");
-        assert!(!should_trim(&mut last, 3), "calls came in");
-        assert!(!should_trim(&mut last, 5), "still busy");
-        assert!(should_trim(&mut last, 5), "quiet again");
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut q = Quiet {
+            calls: 0,
+            since: t0,
+            trimmed: false,
+        };
+        assert!(!q.should_trim(0, at(1500)), "not quiet long enough");
+        assert!(q.should_trim(0, at(2000)), "quiet for IDLE_AFTER");
+        assert!(!q.should_trim(0, at(2500)), "only once");
+        assert!(!q.should_trim(3, at(3000)), "calls came in");
+        assert!(!q.should_trim(3, at(4500)), "quiet again, not long enough");
+        assert!(q.should_trim(3, at(5000)), "quiet again for IDLE_AFTER");
     }
 }
