@@ -602,6 +602,97 @@ async fn a_daemon_crash_loses_no_exit_code_and_stops_nothing() {
     drop(e.net);
 }
 
+/// The Stream* list RPCs answer what their List counterparts answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_rpcs_answer_what_list_rpcs_answer() {
+    use futures_util::StreamExt;
+    let mut e = env().await;
+    let pod = e.pod("streamed", "").await;
+    let a = e.run(&pod, e.container("a")).await;
+    let b = e.create(&pod, e.container("b")).await.unwrap();
+    let ids = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let listed =
+        e.rt.list_containers(v1::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+    let mut stream =
+        e.rt.stream_containers(v1::StreamContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    let mut streamed = Vec::new();
+    while let Some(m) = stream.next().await {
+        streamed.extend(m.unwrap().containers);
+    }
+    assert_eq!(
+        ids(streamed.iter().map(|c| c.id.clone()).collect()),
+        ids(listed.iter().map(|c| c.id.clone()).collect())
+    );
+    assert_eq!(
+        ids(streamed.iter().map(|c| c.id.clone()).collect()),
+        ids(vec![a.clone(), b])
+    );
+    // A filter is honoured.
+    let mut stream =
+        e.rt.stream_containers(v1::StreamContainersRequest {
+            filter: Some(v1::ContainerFilter {
+                state: Some(v1::ContainerStateValue {
+                    state: v1::ContainerState::ContainerRunning as i32,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut running = Vec::new();
+    while let Some(m) = stream.next().await {
+        running.extend(m.unwrap().containers.into_iter().map(|c| c.id));
+    }
+    assert_eq!(running, vec![a.clone()]);
+    let mut stream =
+        e.rt.stream_pod_sandboxes(v1::StreamPodSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    let mut pods = Vec::new();
+    while let Some(m) = stream.next().await {
+        pods.extend(m.unwrap().pod_sandboxes.into_iter().map(|p| p.id));
+    }
+    assert_eq!(pods, vec![pod.0.clone()]);
+    let mut stream =
+        e.rt.stream_container_stats(v1::StreamContainerStatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    let mut stats = Vec::new();
+    while let Some(m) = stream.next().await {
+        stats.extend(m.unwrap().container_stats);
+    }
+    assert!(
+        stats
+            .iter()
+            .any(|s| s.attributes.as_ref().is_some_and(|at| at.id == a)),
+        "{stats:?}"
+    );
+    let mut stream =
+        e.rt.stream_pod_sandbox_stats(v1::StreamPodSandboxStatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    let mut pod_stats = Vec::new();
+    while let Some(m) = stream.next().await {
+        pod_stats.extend(m.unwrap().pod_sandbox_stats);
+    }
+    assert_eq!(pod_stats.len(), 1, "{pod_stats:?}");
+    drop(e.net);
+}
+
 /// The pid of the monitor of container `id` of the daemon with `run_dir`.
 fn monitor_pid(run_dir: &str, id: &str) -> i32 {
     std::fs::read_dir("/proc")

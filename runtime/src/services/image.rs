@@ -27,9 +27,6 @@ use tracing::{info, warn};
 use super::{Cri, ResponseStream};
 use crate::daemon::containers_dir;
 
-/// Images per StreamImages message.
-const STREAM_BATCH: usize = 100;
-
 #[tonic::async_trait]
 impl ImageService for Cri {
     async fn list_images(
@@ -55,11 +52,9 @@ impl ImageService for Cri {
             .iter()
             .map(cri_image)
             .collect();
-        let batches: Vec<Result<StreamImagesResponse, Status>> = images
-            .chunks(STREAM_BATCH)
-            .map(|c| Ok(StreamImagesResponse { images: c.to_vec() }))
-            .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(batches))))
+        Ok(Response::new(super::batched(images, |images| {
+            StreamImagesResponse { images }
+        })))
     }
 
     async fn image_status(

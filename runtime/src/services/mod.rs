@@ -33,6 +33,22 @@ impl Cri {
 /// The response stream type of the server-streaming RPCs.
 pub type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// Items per message of the Stream* list RPCs (each message stays far below
+/// gRPC's 4 MiB default limit, which is what those RPCs exist for).
+pub const STREAM_BATCH: usize = 100;
+
+/// A Stream* list RPC's answer: `items` in messages of [`STREAM_BATCH`].
+pub fn batched<T: Clone, R: Send + 'static>(
+    items: Vec<T>,
+    message: impl Fn(Vec<T>) -> R,
+) -> ResponseStream<R> {
+    let batches: Vec<Result<R, Status>> = items
+        .chunks(STREAM_BATCH)
+        .map(|c| Ok(message(c.to_vec())))
+        .collect();
+    Box::pin(tokio_stream::iter(batches))
+}
+
 /// The answer of an RPC whose feature has not been built yet: a clear
 /// Unimplemented naming it, never a fake success.
 macro_rules! not_yet {
@@ -48,4 +64,24 @@ pub(crate) use not_yet;
 /// Store failures are the daemon's problem, not the caller's.
 fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    #[tokio::test]
+    async fn stream_answers_come_in_batches() {
+        let items: Vec<u32> = (0..250).collect();
+        let sizes: Vec<usize> = super::batched(items, |c| c.len())
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(sizes, vec![100, 100, 50]);
+        let none: Vec<usize> = super::batched(Vec::<u32>::new(), |c| c.len())
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert!(none.is_empty());
+    }
 }

@@ -145,9 +145,21 @@ impl RuntimeService for Cri {
 
     async fn stream_pod_sandboxes(
         &self,
-        _req: Request<StreamPodSandboxesRequest>,
+        req: Request<StreamPodSandboxesRequest>,
     ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
-        not_yet!("StreamPodSandboxes")
+        let (meta, ext, req) = req.into_parts();
+        let items = self
+            .list_pod_sandbox_impl(Request::from_parts(
+                meta,
+                ext,
+                ListPodSandboxRequest { filter: req.filter },
+            ))
+            .await?
+            .into_inner()
+            .items;
+        Ok(Response::new(super::batched(items, |pod_sandboxes| {
+            StreamPodSandboxesResponse { pod_sandboxes }
+        })))
     }
 
     async fn create_container(
@@ -189,9 +201,21 @@ impl RuntimeService for Cri {
 
     async fn stream_containers(
         &self,
-        _req: Request<StreamContainersRequest>,
+        req: Request<StreamContainersRequest>,
     ) -> Result<Response<Self::StreamContainersStream>, Status> {
-        not_yet!("StreamContainers")
+        let (meta, ext, req) = req.into_parts();
+        let containers = self
+            .list_containers_impl(Request::from_parts(
+                meta,
+                ext,
+                ListContainersRequest { filter: req.filter },
+            ))
+            .await?
+            .into_inner()
+            .containers;
+        Ok(Response::new(super::batched(containers, |containers| {
+            StreamContainersResponse { containers }
+        })))
     }
 
     async fn container_status(
@@ -258,9 +282,21 @@ impl RuntimeService for Cri {
 
     async fn stream_container_stats(
         &self,
-        _req: Request<StreamContainerStatsRequest>,
+        req: Request<StreamContainerStatsRequest>,
     ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
-        not_yet!("StreamContainerStats")
+        let (meta, ext, req) = req.into_parts();
+        let stats = self
+            .list_container_stats_impl(Request::from_parts(
+                meta,
+                ext,
+                ListContainerStatsRequest { filter: req.filter },
+            ))
+            .await?
+            .into_inner()
+            .stats;
+        Ok(Response::new(super::batched(stats, |container_stats| {
+            StreamContainerStatsResponse { container_stats }
+        })))
     }
 
     async fn pod_sandbox_stats(
@@ -281,9 +317,21 @@ impl RuntimeService for Cri {
 
     async fn stream_pod_sandbox_stats(
         &self,
-        _req: Request<StreamPodSandboxStatsRequest>,
+        req: Request<StreamPodSandboxStatsRequest>,
     ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
-        not_yet!("StreamPodSandboxStats")
+        let (meta, ext, req) = req.into_parts();
+        let stats = self
+            .list_pod_sandbox_stats_impl(Request::from_parts(
+                meta,
+                ext,
+                ListPodSandboxStatsRequest { filter: req.filter },
+            ))
+            .await?
+            .into_inner()
+            .stats;
+        Ok(Response::new(super::batched(stats, |pod_sandbox_stats| {
+            StreamPodSandboxStatsResponse { pod_sandbox_stats }
+        })))
     }
 
     async fn checkpoint_container(
