@@ -389,6 +389,18 @@ fn remove_all_pods_blocking(socket: &Path) {
     .join();
 }
 
+/// Whether process `pid` runs (exists and is not a zombie waiting to be
+/// reaped by its new parent).
+pub fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
 /// Mount points at or below `dir`, outermost first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {

@@ -869,17 +869,7 @@ async fn a_killed_monitor_ends_its_container(handler: &str) {
     assert_eq!((st.exit_code, st.reason.as_str()), (255, "Error"), "{st:?}");
     assert!(st.message.contains("monitor"), "{st:?}");
     // The container's init is gone (or a zombie waiting for its new parent).
-    let gone = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(true)
-    };
+    let gone = || !crust_tests::process_alive(pid);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !gone() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
