@@ -609,7 +609,15 @@ async fn stream_rpcs_answer_what_list_rpcs_answer() {
     let mut e = env().await;
     let pod = e.pod("streamed", "").await;
     let a = e.run(&pod, e.container("a")).await;
-    let b = e.create(&pod, e.container("b")).await.unwrap();
+    let mut cb = e.container("b");
+    {
+        let image = cb.image.as_mut().unwrap();
+        image.user_specified_image = "ctr:v1".into();
+        image
+            .annotations
+            .insert("io.example/kind".into(), "test".into());
+    }
+    let b = e.create(&pod, cb).await.unwrap();
     let ids = |mut v: Vec<String>| {
         v.sort();
         v
@@ -632,6 +640,17 @@ async fn stream_rpcs_answer_what_list_rpcs_answer() {
     assert_eq!(
         ids(streamed.iter().map(|c| c.id.clone()).collect()),
         ids(listed.iter().map(|c| c.id.clone()).collect())
+    );
+    // The request's image spec comes back as it was given.
+    let spec = listed
+        .iter()
+        .find(|c| c.id == b)
+        .and_then(|c| c.image.clone())
+        .unwrap();
+    assert_eq!(spec.user_specified_image, "ctr:v1");
+    assert_eq!(
+        spec.annotations.get("io.example/kind").map(String::as_str),
+        Some("test")
     );
     assert_eq!(
         ids(streamed.iter().map(|c| c.id.clone()).collect()),

@@ -60,17 +60,22 @@ pub struct Event {
 }
 
 pub struct Entry {
-    rec: Mutex<ContainerRecord>,
+    /// Shared, so listing clones a pointer, not the record.
+    rec: Mutex<Arc<ContainerRecord>>,
     /// Serializes start/stop/remove; true once removed.
     op: tokio::sync::Mutex<bool>,
 }
 
 impl Entry {
     pub fn snapshot(&self) -> ContainerRecord {
+        ContainerRecord::clone(&self.view())
+    }
+    /// The current record, without copying it.
+    pub fn view(&self) -> Arc<ContainerRecord> {
         self.rec.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
     fn set(&self, rec: ContainerRecord) {
-        *self.rec.lock().unwrap_or_else(|e| e.into_inner()) = rec;
+        *self.rec.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(rec);
     }
 }
 
@@ -173,11 +178,11 @@ impl Containers {
     /// Every container but those being created: an in-memory read. The
     /// record of a created or running container is kept current by its
     /// watcher, which waits on the monitor (see [`Containers::watch`]).
-    pub fn list(&self) -> Vec<ContainerRecord> {
+    pub fn list(&self) -> Vec<Arc<ContainerRecord>> {
         self.index()
             .by_id
             .values()
-            .map(|e| e.snapshot())
+            .map(|e| e.view())
             .filter(|r| r.state != ContainerState::Creating)
             .collect()
     }
@@ -254,7 +259,7 @@ impl Containers {
 
     fn publish(&self, rec: ContainerRecord) -> Arc<Entry> {
         let entry = Arc::new(Entry {
-            rec: Mutex::new(rec.clone()),
+            rec: Mutex::new(Arc::new(rec.clone())),
             op: tokio::sync::Mutex::new(false),
         });
         let mut index = self.index();
@@ -401,7 +406,7 @@ impl Containers {
     pub fn watch_live(daemon: &Arc<Daemon>) {
         for rec in daemon.containers.list() {
             if matches!(rec.state, ContainerState::Created | ContainerState::Running) {
-                Self::watch(daemon, rec.id);
+                Self::watch(daemon, rec.id.clone());
             }
         }
     }
@@ -645,6 +650,18 @@ pub async fn create(
         annotations: config.annotations.clone().into_iter().collect(),
         log_path: log_path.clone(),
         config: hex::encode(config.encode_to_vec()),
+        image_request: Some(record::ImageRequest {
+            annotations: config
+                .image
+                .as_ref()
+                .map(|i| i.annotations.clone().into_iter().collect())
+                .unwrap_or_default(),
+            user_specified_image: config
+                .image
+                .as_ref()
+                .map(|i| i.user_specified_image.clone())
+                .unwrap_or_default(),
+        }),
         handler: pod.runtime_handler.clone(),
         runtime: runtime.clone(),
         rootfs: bundle.join("rootfs"),

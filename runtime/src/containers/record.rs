@@ -52,6 +52,11 @@ pub struct ContainerRecord {
     pub log_path: Option<PathBuf>,
     /// ContainerConfig as protobuf, hex-encoded.
     pub config: String,
+    /// The request's image annotations and user-specified name, kept out
+    /// of `config` so that listing need not decode it. `None` in records
+    /// written before this field (then `config` is decoded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_request: Option<ImageRequest>,
     pub handler: String,
     pub runtime: RuntimeConfig,
     /// `<run_dir>/containers/<id>`: the monitor's state dir.
@@ -69,6 +74,13 @@ pub struct ContainerRecord {
     pub stop_signal: i32,
     /// The container's init pid (host namespace).
     pub pid: i32,
+}
+
+/// What of the request's ImageSpec a container's status repeats.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImageRequest {
+    pub annotations: BTreeMap<String, String>,
+    pub user_specified_image: String,
 }
 
 impl Record for ContainerRecord {

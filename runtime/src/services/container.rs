@@ -8,6 +8,7 @@ use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
 use super::{Cri, ResponseStream, internal};
+use crate::containers::record::ImageRequest;
 use crate::containers::{
     self, ContainerRecord, ContainerState as CState, CpuSample, EventKind, now_ns,
 };
@@ -39,11 +40,17 @@ fn metadata(rec: &ContainerRecord) -> ContainerMetadata {
     }
 }
 
-fn image_spec(rec: &ContainerRecord, config: &ContainerConfig) -> ImageSpec {
-    let req = config.image.clone().unwrap_or_default();
+fn image_spec(rec: &ContainerRecord) -> ImageSpec {
+    let req = rec.image_request.clone().unwrap_or_else(|| {
+        let i = containers::config_of(rec).image.unwrap_or_default();
+        ImageRequest {
+            annotations: i.annotations.into_iter().collect(),
+            user_specified_image: i.user_specified_image,
+        }
+    });
     ImageSpec {
         image: rec.image.clone(),
-        annotations: req.annotations,
+        annotations: req.annotations.into_iter().collect(),
         user_specified_image: if req.user_specified_image.is_empty() {
             rec.image.clone()
         } else {
@@ -64,7 +71,7 @@ pub fn container_status(rec: &ContainerRecord) -> ContainerStatus {
         started_at: rec.started_at,
         finished_at: rec.finished_at,
         exit_code: rec.exit_code,
-        image: Some(image_spec(rec, &config)),
+        image: Some(image_spec(rec)),
         image_ref: rec.image_ref.clone(),
         reason: rec.reason.clone(),
         message: rec.message.clone(),
@@ -93,12 +100,11 @@ pub fn container_status(rec: &ContainerRecord) -> ContainerStatus {
 }
 
 fn list_item(rec: &ContainerRecord) -> Container {
-    let config = containers::config_of(rec);
     Container {
         id: rec.id.clone(),
         pod_sandbox_id: rec.pod_id.clone(),
         metadata: Some(metadata(rec)),
-        image: Some(image_spec(rec, &config)),
+        image: Some(image_spec(rec)),
         image_ref: rec.image_ref.clone(),
         state: state_of(rec.state) as i32,
         created_at: rec.created_at,
@@ -207,7 +213,7 @@ impl Cri {
             .filter(|r| f.pod_sandbox_id.is_empty() || r.pod_id.starts_with(&f.pod_sandbox_id))
             .filter(|r| state.is_none_or(|s| state_of(r.state) as i32 == s))
             .filter(|r| labels_match(r, &f.label_selector))
-            .map(list_item)
+            .map(|r| list_item(r))
             .collect();
         Ok(Response::new(ListContainersResponse { containers }))
     }
@@ -306,7 +312,7 @@ impl Cri {
         req: Request<ListContainerStatsRequest>,
     ) -> Result<Response<ListContainerStatsResponse>, Status> {
         let f = req.into_inner().filter.unwrap_or_default();
-        let recs: Vec<ContainerRecord> = self
+        let recs: Vec<std::sync::Arc<ContainerRecord>> = self
             .daemon
             .containers
             .list()
@@ -434,7 +440,7 @@ impl Cri {
                     .list()
                     .iter()
                     .filter(|r| r.pod_id == ev.pod_id)
-                    .map(container_status)
+                    .map(|r| container_status(r))
                     .collect();
                 let resp = ContainerEventResponse {
                     container_id: ev.container_id,
