@@ -73,8 +73,16 @@ impl Daemon {
             cgroup_hierarchy,
             config.cgroup_driver == crate::config::CgroupDriver::Systemd,
         );
-        let containers =
-            crate::containers::Containers::new(&config, &store, facts, cgroup_hierarchy);
+        let handlers = crate::containers::handlers::resolve(&config);
+        let features = crate::containers::handlers::detect_features(&handlers).await;
+        let containers = crate::containers::Containers::new(
+            &config,
+            &store,
+            facts,
+            cgroup_hierarchy,
+            handlers,
+            features,
+        );
         let release = containers.recover().context("recovering containers")?;
         let daemon = Daemon {
             config,

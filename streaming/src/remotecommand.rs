@@ -38,7 +38,7 @@ const ERROR: u8 = 3;
 const RESIZE: u8 = 4;
 
 /// An exec or an attach.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Invocation {
     Exec(ExecRequest),
     Attach(AttachRequest),

@@ -117,7 +117,7 @@ impl StreamingServer {
             return Err(Error::invalid("cmd", "must not be empty"));
         }
         check_streams(req.stdin, req.stdout, req.stderr, req.tty)?;
-        self.url(Pending::Exec(req))
+        self.url(Pending::Command(Invocation::Exec(req)))
     }
 
     /// Checks an attach request and returns its single-use URL.
@@ -126,7 +126,7 @@ impl StreamingServer {
             return Err(Error::invalid("container_id", "must not be empty"));
         }
         check_streams(req.stdin, req.stdout, req.stderr, req.tty)?;
-        self.url(Pending::Attach(req))
+        self.url(Pending::Command(Invocation::Attach(req)))
     }
 
     /// Checks a port-forward request and returns its single-use URL.
@@ -361,21 +361,11 @@ fn upgrade_spdy(
         };
         let session = Session::start(TokioIo::new(upgraded), session_cfg);
         match pending {
-            Pending::Exec(r) => {
+            Pending::Command(invocation) => {
                 remotecommand::serve_spdy(
                     session,
                     negotiated.unwrap_or("channel.k8s.io"),
-                    Invocation::Exec(r),
-                    backend,
-                    timeouts,
-                )
-                .await
-            }
-            Pending::Attach(r) => {
-                remotecommand::serve_spdy(
-                    session,
-                    negotiated.unwrap_or("channel.k8s.io"),
-                    Invocation::Attach(r),
+                    invocation,
                     backend,
                     timeouts,
                 )
@@ -472,13 +462,8 @@ fn upgrade_websocket(
             }
         };
         match pending {
-            Pending::Exec(r) => {
-                remotecommand::serve_ws(ws, negotiated, Invocation::Exec(r), backend, timeouts)
-                    .await
-            }
-            Pending::Attach(r) => {
-                remotecommand::serve_ws(ws, negotiated, Invocation::Attach(r), backend, timeouts)
-                    .await
+            Pending::Command(invocation) => {
+                remotecommand::serve_ws(ws, negotiated, invocation, backend, timeouts).await
             }
             Pending::PortForward(r) if negotiated == Some(portforward::TUNNEL_PROTOCOL) => {
                 let session = Session::start(ws::WsBytes::new(ws), session_cfg);

@@ -8,21 +8,22 @@ use base64::Engine;
 use tokio::time::Instant;
 
 use crate::Error;
-use crate::backend::{AttachRequest, ExecRequest, PortForwardRequest};
+use crate::backend::PortForwardRequest;
+use crate::remotecommand::Invocation;
 
 /// What a token stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Pending {
-    Exec(ExecRequest),
-    Attach(AttachRequest),
+    /// Exec or attach: served by `remotecommand`.
+    Command(Invocation),
     PortForward(PortForwardRequest),
 }
 
 impl Pending {
     pub(crate) fn kind(&self) -> &'static str {
         match self {
-            Pending::Exec(_) => "exec",
-            Pending::Attach(_) => "attach",
+            Pending::Command(Invocation::Exec(_)) => "exec",
+            Pending::Command(Invocation::Attach(_)) => "attach",
             Pending::PortForward(_) => "portforward",
         }
     }

@@ -13,6 +13,25 @@ use crate::Error;
 /// containerd's default).
 pub const DEFAULT_SHM_SIZE: u64 = 64 * 1024 * 1024;
 
+/// Creates `dir` (and parents, with `mode`) and makes sure it is a real
+/// directory, not a symlink someone planted. `what` names it in errors.
+pub(crate) fn ensure_real_dir(dir: &Path, mode: u32, what: &'static str) -> Result<(), Error> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .map_err(Error::io(what, dir))?;
+    let meta = std::fs::symlink_metadata(dir).map_err(Error::io(what, dir))?;
+    if !meta.file_type().is_dir() {
+        return Err(Error::Io {
+            op: what,
+            path: dir.to_path_buf(),
+            source: std::io::Error::other("not a directory (symlink?)"),
+        });
+    }
+    Ok(())
+}
+
 /// Mounts a tmpfs for the pod's shared `/dev/shm` at `path` (created if
 /// missing, must not be a symlink). Containers of a pod with its own IPC
 /// namespace bind-mount it, so POSIX shared memory is shared like SysV IPC.
@@ -20,19 +39,7 @@ pub fn mount_shm(path: &Path, size_bytes: u64) -> Result<(), Error> {
     if size_bytes == 0 {
         return Err(Error::invalid("shm size", "must be positive"));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-        .map_err(Error::io("create shm dir", path))?;
-    let meta = std::fs::symlink_metadata(path).map_err(Error::io("stat shm dir", path))?;
-    if !meta.file_type().is_dir() {
-        return Err(Error::Io {
-            op: "use shm dir",
-            path: path.to_path_buf(),
-            source: std::io::Error::other("not a directory (symlink?)"),
-        });
-    }
+    ensure_real_dir(path, 0o700, "shm dir")?;
     let data = format!("mode=1777,size={size_bytes}");
     nix::mount::mount(
         Some("shm"),

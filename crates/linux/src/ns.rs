@@ -18,7 +18,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -168,7 +168,7 @@ pub fn pin_namespaces(dir: &Path, opts: &PinOptions) -> Result<PinnedNamespaces,
     if kinds.is_empty() {
         return Ok(PinnedNamespaces::default());
     }
-    ensure_real_dir(dir)?;
+    crate::mounts::ensure_real_dir(dir, 0o755, "namespace dir")?;
 
     // The mount targets: fresh, empty files, opened so that the mounts land
     // on exactly these files even if someone swaps the path meanwhile.
@@ -349,23 +349,6 @@ fn on_helper_thread<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error> {
             .join()
             .map_err(|_| Error::HelperPanicked)
     })
-}
-
-fn ensure_real_dir(dir: &Path) -> Result<(), Error> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .map_err(Error::io("create namespace dir", dir))?;
-    let meta = std::fs::symlink_metadata(dir).map_err(Error::io("stat namespace dir", dir))?;
-    if !meta.file_type().is_dir() {
-        return Err(Error::Io {
-            op: "use namespace dir",
-            path: dir.to_path_buf(),
-            source: std::io::Error::other("not a directory (symlink?)"),
-        });
-    }
-    Ok(())
 }
 
 fn remove_files(targets: &[(NamespaceKind, PathBuf, File)]) {

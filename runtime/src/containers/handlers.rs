@@ -120,33 +120,37 @@ pub struct HandlerFeatures {
 /// Detects every handler's features once (a CLI runtime is asked with its
 /// `features` command, as containerd does; one that has none, or does not
 /// list `rro`, is taken not to support it).
-pub fn detect_features(
+pub async fn detect_features(
     handlers: &BTreeMap<String, RuntimeConfig>,
 ) -> BTreeMap<String, HandlerFeatures> {
     let kernel_rro = nix::sys::utsname::uname()
         .ok()
         .and_then(|u| kernel_version(&u.release().to_string_lossy()))
         .is_some_and(|v| v >= (5, 12));
-    let mut cli_cache: BTreeMap<PathBuf, bool> = BTreeMap::new();
-    handlers
-        .iter()
-        .map(|(name, rc)| {
-            let rro = kernel_rro
-                && match rc {
-                    // libcontainer maps `rro` to mount_setattr.
-                    RuntimeConfig::Embedded { .. } => true,
-                    RuntimeConfig::Cli { path, .. } => *cli_cache
-                        .entry(path.clone())
-                        .or_insert_with(|| cli_lists_mount_option(path, "rro")),
-                };
-            (
-                name.clone(),
-                HandlerFeatures {
-                    recursive_read_only_mounts: rro,
+    let mut cli_rro: BTreeMap<&Path, bool> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for (name, rc) in handlers {
+        let rro = kernel_rro
+            && match rc {
+                // libcontainer maps `rro` to mount_setattr.
+                RuntimeConfig::Embedded { .. } => true,
+                RuntimeConfig::Cli { path, .. } => match cli_rro.get(path.as_path()) {
+                    Some(known) => *known,
+                    None => {
+                        let rro = cli_lists_mount_option(path, "rro").await;
+                        cli_rro.insert(path, rro);
+                        rro
+                    }
                 },
-            )
-        })
-        .collect()
+            };
+        out.insert(
+            name.clone(),
+            HandlerFeatures {
+                recursive_read_only_mounts: rro,
+            },
+        );
+    }
+    out
 }
 
 /// `(major, minor)` of a kernel release such as `6.1.0-18-amd64`.
@@ -157,37 +161,27 @@ fn kernel_version(release: &str) -> Option<(u32, u32)> {
 
 /// Runs `<runtime> features` (bounded to a few seconds) and looks for
 /// `option` in its `mountOptions`.
-fn cli_lists_mount_option(path: &Path, option: &str) -> bool {
-    let child = std::process::Command::new(path)
+async fn cli_lists_mount_option(path: &Path, option: &str) -> bool {
+    let run = tokio::process::Command::new(path)
         .arg("features")
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
-        .spawn();
-    let Ok(mut child) = child else { return false };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                tracing::warn!(
-                    "{} features did not answer: taken as no features",
-                    path.display()
-                );
-                return false;
-            }
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(std::time::Duration::from_secs(5), run).await {
+        Ok(Ok(out)) => features_list_mount_option(&out.stdout, option),
+        Ok(Err(e)) => {
+            tracing::warn!("{} features: {e}: taken as no features", path.display());
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                "{} features did not answer: taken as no features",
+                path.display()
+            );
+            false
         }
     }
-    let mut out = Vec::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = std::io::Read::read_to_end(&mut o, &mut out);
-    }
-    features_list_mount_option(&out, option)
 }
 
 /// Whether an OCI runtime `features` document lists a mount option.

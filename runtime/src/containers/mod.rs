@@ -109,17 +109,19 @@ pub struct Containers {
 }
 
 impl Containers {
+    /// `handlers` from [`handlers::resolve`], `features` detected for them.
     pub fn new(
         config: &Config,
         store: &Arc<Store>,
         facts: RuntimeFacts,
         cgroup_hierarchy: crust_linux::cgroups::Hierarchy,
+        handlers: BTreeMap<String, RuntimeConfig>,
+        features: BTreeMap<String, handlers::HandlerFeatures>,
     ) -> Containers {
-        let handlers = handlers::resolve(config);
         Containers {
             index: Mutex::new(Index::default()),
             store: store.clone(),
-            features: handlers::detect_features(&handlers),
+            features,
             handlers,
             facts,
             shim_binary: handlers::shim_binary(config),
@@ -202,7 +204,7 @@ impl Containers {
     /// reports the change once.
     pub fn refresh(&self, entry: &Entry) -> ContainerRecord {
         let mut rec = entry.snapshot();
-        if !matches!(rec.state, ContainerState::Created | ContainerState::Running) {
+        if !rec.state.is_live() {
             return rec;
         }
         let exit = crust_shim::client::read_exit_file(&rec.state_dir)
@@ -369,11 +371,11 @@ impl Containers {
                     let Ok(Some(entry)) = d.containers.resolve(&id) else {
                         return;
                     };
-                    let rec = entry.snapshot();
+                    let rec = entry.view();
                     if rec.id != id {
                         return;
                     }
-                    rec.state_dir
+                    rec.state_dir.clone()
                 };
                 // No daemon reference is held while waiting.
                 let waited = match AsyncShim::connect(&state_dir) {
@@ -384,10 +386,7 @@ impl Containers {
                 let Ok(Some(entry)) = d.containers.resolve(&id) else {
                     return;
                 };
-                if !matches!(
-                    d.containers.refresh(&entry).state,
-                    ContainerState::Created | ContainerState::Running
-                ) {
+                if !d.containers.refresh(&entry).state.is_live() {
                     return;
                 }
                 if let Err(e) = waited {
@@ -405,7 +404,7 @@ impl Containers {
     /// state checked against the monitors first, by `recover`).
     pub fn watch_live(daemon: &Arc<Daemon>) {
         for rec in daemon.containers.list() {
-            if matches!(rec.state, ContainerState::Created | ContainerState::Running) {
+            if rec.state.is_live() {
                 Self::watch(daemon, rec.id.clone());
             }
         }
@@ -650,18 +649,7 @@ pub async fn create(
         annotations: config.annotations.clone().into_iter().collect(),
         log_path: log_path.clone(),
         config: hex::encode(config.encode_to_vec()),
-        image_request: Some(record::ImageRequest {
-            annotations: config
-                .image
-                .as_ref()
-                .map(|i| i.annotations.clone().into_iter().collect())
-                .unwrap_or_default(),
-            user_specified_image: config
-                .image
-                .as_ref()
-                .map(|i| i.user_specified_image.clone())
-                .unwrap_or_default(),
-        }),
+        image_request: Some(config.image.clone().into()),
         handler: pod.runtime_handler.clone(),
         runtime: runtime.clone(),
         rootfs: bundle.join("rootfs"),
@@ -981,7 +969,7 @@ pub async fn stop(daemon: Arc<Daemon>, id: String, timeout: i64) -> Result<(), S
 
 async fn stop_locked(cs: &Containers, entry: &Entry, timeout: i64) -> Result<(), Status> {
     let rec = cs.refresh(entry);
-    if !matches!(rec.state, ContainerState::Created | ContainerState::Running) {
+    if !rec.state.is_live() {
         return Ok(());
     }
     let dir = rec.state_dir.clone();
@@ -1151,7 +1139,7 @@ pub async fn update(
     let Some(res) = resources else {
         return Ok(());
     };
-    if !matches!(rec.state, ContainerState::Created | ContainerState::Running) {
+    if !rec.state.is_live() {
         return Err(Status::failed_precondition(format!(
             "container {} is not running",
             rec.id

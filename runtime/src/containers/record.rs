@@ -18,6 +18,11 @@ pub enum ContainerState {
 }
 
 impl ContainerState {
+    /// Created or running: its process exists and a monitor watches it.
+    pub fn is_live(self) -> bool {
+        matches!(self, ContainerState::Created | ContainerState::Running)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ContainerState::Creating => "CREATING",
@@ -81,6 +86,16 @@ pub struct ContainerRecord {
 pub struct ImageRequest {
     pub annotations: BTreeMap<String, String>,
     pub user_specified_image: String,
+}
+
+impl From<Option<crust_api::v1::ImageSpec>> for ImageRequest {
+    fn from(spec: Option<crust_api::v1::ImageSpec>) -> Self {
+        let spec = spec.unwrap_or_default();
+        ImageRequest {
+            annotations: spec.annotations.into_iter().collect(),
+            user_specified_image: spec.user_specified_image,
+        }
+    }
 }
 
 impl Record for ContainerRecord {

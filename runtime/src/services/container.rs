@@ -41,13 +41,10 @@ fn metadata(rec: &ContainerRecord) -> ContainerMetadata {
 }
 
 fn image_spec(rec: &ContainerRecord) -> ImageSpec {
-    let req = rec.image_request.clone().unwrap_or_else(|| {
-        let i = containers::config_of(rec).image.unwrap_or_default();
-        ImageRequest {
-            annotations: i.annotations.into_iter().collect(),
-            user_specified_image: i.user_specified_image,
-        }
-    });
+    let req = rec
+        .image_request
+        .clone()
+        .unwrap_or_else(|| ImageRequest::from(containers::config_of(rec).image));
     ImageSpec {
         image: rec.image.clone(),
         annotations: req.annotations.into_iter().collect(),

@@ -28,7 +28,6 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use libcontainer::container::Container;
@@ -245,9 +244,6 @@ impl OciRuntime for EmbeddedRuntime {
                 .add_task(pid)
                 .map_err(|e| format!("joining the container's cgroup: {e}"))
             };
-            // Opened now: host paths stop resolving once the namespaces
-            // are joined.
-            let pid_file = PidFile::prepare(opts.pid_file)?;
             let pid = super::join::exec_in_container(super::join::JoinRequest {
                 init_pid,
                 spec: &spec,
@@ -255,10 +251,14 @@ impl OciRuntime for EmbeddedRuntime {
                 join_cgroup: &join_cgroup,
                 console_socket: opts.console_socket,
                 stdio: [stdio.stdin, stdio.stdout, stdio.stderr],
-            });
-            pid_file.finish(pid.as_ref().ok().copied())?;
-            Ok(pid? as i64)
+            })?;
+            Ok(pid as i64)
         })?;
+        // Written here, in the monitor: the child that ran the exec is in
+        // the container's namespaces, where the state dir does not resolve.
+        // Nobody reads it before exec returns, so a plain write will do.
+        std::fs::write(opts.pid_file, pid.to_string())
+            .map_err(|e| RuntimeError::new(format!("writing the pid file: {e}")))?;
         Ok(pid as i32)
     }
 
@@ -321,68 +321,4 @@ fn devnull() -> std::result::Result<std::os::fd::OwnedFd, String> {
         .open("/dev/null")
         .map(Into::into)
         .map_err(|e| format!("opening /dev/null: {e}"))
-}
-
-/// A pid file written atomically (temp file, then rename) through a
-/// directory descriptor, so it can be finished after this process has left
-/// the host's mount namespace.
-struct PidFile {
-    dir: std::os::fd::OwnedFd,
-    name: std::ffi::OsString,
-    tmp: std::ffi::OsString,
-    file: File,
-}
-
-impl PidFile {
-    fn prepare(path: &Path) -> std::result::Result<PidFile, String> {
-        let err = |e: &dyn std::fmt::Display| format!("pid file {}: {e}", path.display());
-        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-            return Err(err(&"not a file path"));
-        };
-        let mut tmp = std::ffi::OsString::from(".");
-        tmp.push(name);
-        tmp.push(".tmp");
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(dir.join(&tmp))
-            .map_err(|e| err(&e))?;
-        let dir: std::os::fd::OwnedFd = File::open(dir).map_err(|e| err(&e))?.into();
-        Ok(PidFile {
-            dir,
-            name: name.to_os_string(),
-            tmp,
-            file,
-        })
-    }
-
-    /// Writes `pid` and renames the file into place, or removes it.
-    fn finish(mut self, pid: Option<i32>) -> std::result::Result<(), String> {
-        use nix::fcntl::renameat;
-        use nix::unistd::{UnlinkatFlags, unlinkat};
-        let dir = std::os::fd::AsRawFd::as_raw_fd(&self.dir);
-        let Some(pid) = pid else {
-            let _ = unlinkat(Some(dir), self.tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
-            return Ok(());
-        };
-        let res = self
-            .file
-            .write_all(pid.to_string().as_bytes())
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                renameat(
-                    Some(dir),
-                    self.tmp.as_os_str(),
-                    Some(dir),
-                    self.name.as_os_str(),
-                )
-                .map_err(|e| e.to_string())
-            });
-        if res.is_err() {
-            let _ = unlinkat(Some(dir), self.tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
-        }
-        res.map_err(|e| format!("writing the pid file: {e}"))
-    }
 }

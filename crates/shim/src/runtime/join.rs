@@ -99,14 +99,12 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
     {
         return Err("SELinux process labels are not supported by the embedded runtime".into());
     }
-    let console = req
+    let stdio = match req
         .console_socket
         .filter(|_| process.terminal().unwrap_or(false))
-        .map(connect_console)
-        .transpose()?;
-    let stdio = match console {
-        Some(_) => None,
-        None => Some(open_stdio(req.stdio)?),
+    {
+        Some(path) => NewStdio::Pty(connect_console(path)?),
+        None => NewStdio::Fds(open_stdio(req.stdio)?),
     };
     let single = sys::SingleThreaded::check().map_err(|e| format!("fork: {e}"))?;
     let namespaces = open_namespaces(req.init_pid)?;
@@ -120,7 +118,7 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
     match sys::fork_single_threaded(&single).map_err(|e| format!("fork: {e}"))? {
         None => {
             drop(err_r);
-            let res = become_process(process, args, seccomp, console, stdio);
+            let res = become_process(process, args, seccomp, stdio);
             // Only reached on failure: tell the caller why, then go.
             let msg = match res {
                 Ok(never) => match never {},
@@ -131,7 +129,6 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
         }
         Some(pid) => {
             drop(err_w);
-            drop(console);
             drop(stdio);
             let mut msg = String::new();
             let _ = File::from(err_r).read_to_string(&mut msg);
@@ -143,6 +140,14 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
             Err(msg)
         }
     }
+}
+
+/// The new process's stdio, in the caller's hands until it forks.
+enum NewStdio {
+    /// Connected to the monitor's console socket: a pty is made inside.
+    Pty(OwnedFd),
+    /// stdin, stdout, stderr, duplicated above 2.
+    Fds([OwnedFd; 3]),
 }
 
 /// Connects to the monitor's console socket. Through /proc/self/fd: the
@@ -226,19 +231,17 @@ fn become_process(
     process: &Process,
     args: &[String],
     seccomp: Option<&LinuxSeccomp>,
-    console: Option<OwnedFd>,
-    stdio: Option<[OwnedFd; 3]>,
+    stdio: NewStdio,
 ) -> Result<std::convert::Infallible, String> {
     let syscall = libcontainer::syscall::syscall::create_syscall();
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
-    match (console, stdio) {
-        (Some(sock), _) => open_pty(process, sock)?,
-        (None, Some(fds)) => {
+    match stdio {
+        NewStdio::Pty(sock) => open_pty(process, sock)?,
+        NewStdio::Fds(fds) => {
             for (i, fd) in fds.iter().enumerate() {
                 nix::unistd::dup2(fd.as_raw_fd(), i as i32).map_err(|e| format!("dup2: {e}"))?;
             }
         }
-        (None, None) => return Err("no stdio for the exec process".into()),
     }
     // Nothing of the monitor's may reach the program (stdio aside).
     syscall
