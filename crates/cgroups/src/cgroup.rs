@@ -633,3 +633,351 @@ fn copy_if_empty(parent: &CgroupDir, child: &CgroupDir, file: &str) -> Result<()
         .write(file, &value)
         .map_err(Error::io("write", child.file_path(file)))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The cgroup logic against fake cgroupfs trees in a temp dir (the
+    //! root is a parameter): this host has no cgroup v2 controllers, and
+    //! a plain directory lets the tests play the kernel's part (the
+    //! control files a new cgroup gets). tests/host.rs runs the same on
+    //! real hierarchies.
+
+    use super::*;
+    use crate::hierarchy::V1Mount;
+    use oci_spec::runtime::{
+        LinuxCpuBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResourcesBuilder,
+    };
+    use std::collections::HashMap;
+    use std::os::unix::fs::symlink;
+
+    /// The files the kernel gives a new v2 cgroup with these controllers.
+    fn v2_cgroup(dir: &Path, controllers: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut files = vec![
+            ("cgroup.controllers", format!("{controllers}\n")),
+            ("cgroup.subtree_control", "\n".into()),
+            ("cgroup.procs", String::new()),
+        ];
+        for c in controllers.split_whitespace() {
+            let more: &[(&str, &str)] = match c {
+                "cpu" => &[
+                    ("cpu.weight", "100\n"),
+                    ("cpu.max", "max 100000\n"),
+                    ("cpu.stat", "usage_usec 0\n"),
+                ],
+                "memory" => &[
+                    ("memory.max", "max\n"),
+                    ("memory.low", "0\n"),
+                    ("memory.swap.max", "max\n"),
+                    ("memory.current", "0\n"),
+                    ("memory.stat", "anon 0\n"),
+                    ("memory.oom.group", "0\n"),
+                    ("memory.events", "oom_kill 0\n"),
+                ],
+                "pids" => &[("pids.max", "max\n"), ("pids.current", "0\n")],
+                _ => &[],
+            };
+            files.extend(more.iter().map(|(a, b)| (*a, b.to_string())));
+        }
+        for (name, content) in files {
+            std::fs::write(dir.join(name), content).unwrap();
+        }
+    }
+
+    fn read(path: &Path) -> String {
+        std::fs::read_to_string(path).unwrap().trim().to_string()
+    }
+
+    fn resources() -> LinuxResources {
+        LinuxResourcesBuilder::default()
+            .cpu(
+                LinuxCpuBuilder::default()
+                    .shares(2048u64)
+                    .quota(20_000i64)
+                    .period(100_000u64)
+                    .build()
+                    .unwrap(),
+            )
+            .memory(
+                LinuxMemoryBuilder::default()
+                    .limit(64i64 << 20)
+                    .build()
+                    .unwrap(),
+            )
+            .pids(LinuxPidsBuilder::default().limit(50).build().unwrap())
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn v2_create_delegates_down_the_path() {
+        let root = tempfile::tempdir().unwrap();
+        v2_cgroup(root.path(), "cpuset cpu io memory pids");
+        // kubepods exists and delegates cpu already; pod1 is new.
+        v2_cgroup(&root.path().join("kubepods"), "cpuset cpu io memory pids");
+        std::fs::write(root.path().join("kubepods/cgroup.subtree_control"), "cpu\n").unwrap();
+        let fs = CgroupFs::v2(root.path());
+        let pod = fs.cgroup(CgroupPath::parse("/kubepods/pod1").unwrap());
+        assert!(!pod.exists());
+        pod.create_for_children().unwrap();
+        assert!(pod.exists());
+        assert_eq!(
+            read(&root.path().join("cgroup.subtree_control")),
+            "+cpu +cpuset +memory +io +pids"
+        );
+        // Only what was missing.
+        assert_eq!(
+            read(&root.path().join("kubepods/cgroup.subtree_control")),
+            "+cpuset +memory +io +pids"
+        );
+        // Now the kernel's part: pod1's files; creating it again delegates
+        // from pod1 itself as well (a pod cgroup's children hold the
+        // processes), but a leaf never delegates.
+        v2_cgroup(&root.path().join("kubepods/pod1"), "cpu memory pids");
+        pod.create_for_children().unwrap();
+        assert_eq!(
+            read(&root.path().join("kubepods/pod1/cgroup.subtree_control")),
+            "+cpu +memory +pids"
+        );
+        let leaf = fs.cgroup(CgroupPath::parse("/kubepods/pod1/c1").unwrap());
+        leaf.create().unwrap();
+        v2_cgroup(&root.path().join("kubepods/pod1/c1"), "cpu memory pids");
+        leaf.create().unwrap();
+        assert_eq!(
+            read(&root.path().join("kubepods/pod1/c1/cgroup.subtree_control")),
+            ""
+        );
+    }
+
+    #[test]
+    fn v2_apply_writes_the_mapped_files() {
+        let root = tempfile::tempdir().unwrap();
+        v2_cgroup(root.path(), "cpu memory pids");
+        let c = root.path().join("pod/c1");
+        v2_cgroup(&root.path().join("pod"), "cpu memory pids");
+        v2_cgroup(&c, "cpu memory pids");
+        std::fs::write(c.join("memory.high"), "max\n").unwrap();
+        let fs = CgroupFs::v2(root.path());
+        let cg = fs.cgroup(CgroupPath::parse("/pod/c1").unwrap());
+        let mut r = resources();
+        r.set_unified(Some(HashMap::from([(
+            "memory.high".into(),
+            "50000000".into(),
+        )])));
+        cg.apply(&r).unwrap();
+        assert_eq!(read(&c.join("cpu.weight")), "174");
+        assert_eq!(read(&c.join("cpu.max")), "20000 100000");
+        assert_eq!(read(&c.join("memory.max")), "67108864");
+        assert_eq!(read(&c.join("pids.max")), "50");
+        assert_eq!(read(&c.join("memory.high")), "50000000");
+        cg.set_oom_group(true).unwrap();
+        assert_eq!(read(&c.join("memory.oom.group")), "1");
+    }
+
+    #[test]
+    fn v2_refusals_change_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        v2_cgroup(root.path(), "cpu memory pids");
+        let c = root.path().join("c1");
+        v2_cgroup(&c, "memory pids");
+        let host_file = root.path().join("host-file");
+        std::fs::write(&host_file, "precious").unwrap();
+        symlink(&host_file, c.join("memory.high")).unwrap();
+        let fs = CgroupFs::v2(root.path());
+        let cg = fs.cgroup(CgroupPath::parse("/c1").unwrap());
+        for (key, value) in [
+            ("../host-file", "1"),
+            ("/etc/x", "1"),
+            ("cgroup.procs", "1"),
+            ("memory.max/../../host-file", "1"),
+            ("memory.low", "1\n2"),
+            ("memory.low", "1\0"),
+            // The cpu controller is not enabled in c1.
+            ("cpu.weight", "100"),
+        ] {
+            let mut r = resources();
+            r.set_cpu(None);
+            r.set_unified(Some(HashMap::from([(key.to_string(), value.to_string())])));
+            let e = cg.apply(&r).unwrap_err();
+            assert!(e.is_invalid_argument(), "{key}: {e}");
+            assert!(e.to_string().contains(&crate::quote(key)), "{key}: {e}");
+            // Validation came first: nothing at all was written.
+            assert_eq!(read(&c.join("memory.max")), "max", "{key}");
+        }
+        // A planted symlink under a control file's name is not followed.
+        let mut r = LinuxResources::default();
+        r.set_unified(Some(HashMap::from([("memory.high".into(), "1".into())])));
+        assert!(cg.apply(&r).is_err());
+        assert_eq!(read(&host_file), "precious");
+        // A file the kernel does not have is never created.
+        r.set_unified(Some(HashMap::from([("memory.min".into(), "1".into())])));
+        assert!(cg.apply(&r).unwrap_err().is_not_found());
+        assert!(!c.join("memory.min").exists());
+        // Mapped fields whose controller is missing are refused whole.
+        let e = cg.apply(&resources()).unwrap_err();
+        assert!(
+            e.is_unsupported() && e.to_string().contains("cpu controller"),
+            "{e}"
+        );
+        assert_eq!(read(&c.join("memory.max")), "max");
+    }
+
+    #[test]
+    fn v2_stats_from_a_fake_tree() {
+        let root = tempfile::tempdir().unwrap();
+        v2_cgroup(root.path(), "cpu memory pids");
+        let c = root.path().join("c1");
+        v2_cgroup(&c, "cpu memory pids");
+        std::fs::write(c.join("memory.current"), "1000000\n").unwrap();
+        std::fs::write(c.join("memory.stat"), crate::stats::tests::MEMORY_STAT_V2).unwrap();
+        std::fs::write(c.join("pids.current"), "2\n").unwrap();
+        std::fs::write(
+            c.join("cpu.stat"),
+            "usage_usec 7\nuser_usec 5\nsystem_usec 2\n",
+        )
+        .unwrap();
+        std::fs::write(c.join("memory.events"), "oom 3\noom_kill 2\n").unwrap();
+        std::fs::write(c.join("io.pressure"), "some avg10=0.00 avg60=0.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n").unwrap();
+        let fs = CgroupFs::v2(root.path());
+        let cg = fs.cgroup(CgroupPath::parse("/c1").unwrap());
+        let s = cg.stats(StatsRequest::ALL).unwrap();
+        assert_eq!(s.cpu.unwrap().usage_ns, 7000);
+        let m = s.memory.unwrap();
+        assert_eq!(
+            (m.usage, m.working_set, m.rss),
+            (
+                1_000_000,
+                1_000_000 - 4_145_152_u64.min(1_000_000),
+                73_728_000
+            )
+        );
+        assert_eq!(s.pids.unwrap().current, 2);
+        assert!(s.io.is_none());
+        assert!(s.psi.unwrap().io.is_some());
+        assert_eq!(cg.oom_kills().unwrap(), 2);
+        // Only what is asked for.
+        let s = cg
+            .stats(StatsRequest {
+                pids: true,
+                ..StatsRequest::NONE
+            })
+            .unwrap();
+        assert!(s.cpu.is_none() && s.memory.is_none() && s.pids.is_some());
+        let missing = fs.cgroup(CgroupPath::parse("/nope").unwrap());
+        assert!(
+            missing
+                .stats(StatsRequest::CPU_MEMORY)
+                .unwrap_err()
+                .is_not_found()
+        );
+    }
+
+    #[test]
+    fn delete_removes_children_first_and_keeps_ancestors() {
+        let root = tempfile::tempdir().unwrap();
+        for d in ["pod/a/x", "pod/b", "other"] {
+            std::fs::create_dir_all(root.path().join(d)).unwrap();
+        }
+        let fs = CgroupFs::v2(root.path());
+        let cg = fs.cgroup(CgroupPath::parse("/pod").unwrap());
+        assert_eq!(cg.pids().unwrap(), Vec::<i32>::new());
+        cg.delete().unwrap();
+        assert!(!root.path().join("pod").exists());
+        assert!(root.path().join("other").exists());
+        // Idempotent.
+        cg.delete().unwrap();
+        assert!(fs.cgroup(CgroupPath::root()).delete().is_err());
+    }
+
+    fn v1_fs(root: &Path) -> CgroupFs {
+        let mount = |name: &str, controllers: &str, named: Option<&str>| {
+            let path = root.join(name);
+            std::fs::create_dir_all(&path).unwrap();
+            V1Mount {
+                path,
+                controllers: Controllers::parse(controllers),
+                name: named.map(str::to_string),
+            }
+        };
+        CgroupFs::v1(
+            vec![
+                mount("cpu,cpuacct", "cpu cpuacct", None),
+                mount("memory", "memory", None),
+                mount("cpuset", "cpuset", None),
+                mount("systemd", "", Some("systemd")),
+            ],
+            Some({
+                let u = root.join("unified");
+                std::fs::create_dir_all(&u).unwrap();
+                u
+            }),
+        )
+    }
+
+    #[test]
+    fn v1_create_in_controller_hierarchies_delete_in_all() {
+        let root = tempfile::tempdir().unwrap();
+        let fs = v1_fs(root.path());
+        assert_eq!(fs.hierarchy(), Hierarchy::Hybrid);
+        std::fs::write(root.path().join("cpuset/cpuset.cpus"), "0-3\n").unwrap();
+        std::fs::write(root.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
+        let cg = fs.cgroup(CgroupPath::parse("/crust/pod1").unwrap());
+        // A new cpuset cgroup gets its parent's CPUs and nodes; a plain
+        // directory has no cpuset files to take them, so the copy fails,
+        // and the create removes what it made in every hierarchy.
+        let e = cg.create().unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        for m in ["cpu,cpuacct", "memory", "cpuset"] {
+            assert!(
+                !root.path().join(m).join("crust").exists(),
+                "{m} left behind"
+            );
+        }
+        // Without a cpuset hierarchy to fake, creation goes through.
+        std::fs::remove_file(root.path().join("cpuset/cpuset.cpus")).unwrap();
+        cg.create().unwrap();
+        for m in ["cpu,cpuacct", "memory", "cpuset"] {
+            assert!(root.path().join(m).join("crust/pod1").is_dir(), "{m}");
+        }
+        // Not in the controller-less ones: the OCI runtime makes those.
+        assert!(!root.path().join("systemd/crust").exists());
+        std::fs::create_dir_all(root.path().join("systemd/crust/pod1/c1")).unwrap();
+        std::fs::create_dir_all(root.path().join("unified/crust/pod1/c1")).unwrap();
+        cg.delete().unwrap();
+        for m in ["cpu,cpuacct", "memory", "cpuset", "systemd", "unified"] {
+            assert!(!root.path().join(m).join("crust/pod1").exists(), "{m}");
+            assert!(
+                root.path().join(m).join("crust").exists(),
+                "{m}: ancestors stay"
+            );
+        }
+    }
+
+    #[test]
+    fn v1_apply_goes_to_each_controllers_hierarchy() {
+        let root = tempfile::tempdir().unwrap();
+        let fs = v1_fs(root.path());
+        let path = CgroupPath::parse("/c1").unwrap();
+        let cpu = root.path().join("cpu,cpuacct/c1");
+        let mem = root.path().join("memory/c1");
+        std::fs::create_dir_all(&cpu).unwrap();
+        std::fs::create_dir_all(&mem).unwrap();
+        for (f, v) in [
+            ("cpu.shares", "1024"),
+            ("cpu.cfs_period_us", "100000"),
+            ("cpu.cfs_quota_us", "-1"),
+        ] {
+            std::fs::write(cpu.join(f), v).unwrap();
+        }
+        std::fs::write(mem.join("memory.limit_in_bytes"), "9223372036854771712").unwrap();
+        let mut r = resources();
+        r.set_pids(None);
+        fs.cgroup(path.clone()).apply(&r).unwrap();
+        assert_eq!(read(&cpu.join("cpu.shares")), "2048");
+        assert_eq!(read(&cpu.join("cpu.cfs_quota_us")), "20000");
+        assert_eq!(read(&mem.join("memory.limit_in_bytes")), "67108864");
+        // No pids hierarchy on this fake host: refused, nothing written.
+        let e = fs.cgroup(path).apply(&resources()).unwrap_err();
+        assert!(e.is_unsupported(), "{e}");
+    }
+}

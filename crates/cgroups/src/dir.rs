@@ -159,7 +159,8 @@ impl CgroupDir {
     }
 
     fn open_file(&self, name: &str, flags: OFlags) -> std::io::Result<File> {
-        let fd = open_beneath(&self.fd, plain(name)?, flags)?;
+        // NONBLOCK: a FIFO under a control file's name must not hang us.
+        let fd = open_beneath(&self.fd, plain(name)?, flags | OFlags::NONBLOCK)?;
         // Control files are regular files on cgroupfs; a directory or
         // anything else under a control file's name is refused.
         let stat = rustix::fs::fstat(&fd)?;
@@ -203,9 +204,10 @@ impl CgroupDir {
     }
 
     /// Writes `value` to an existing control file in one write(2), as
-    /// cgroupfs expects.
+    /// cgroupfs expects (O_TRUNC as runc: cgroupfs ignores it, a plain file
+    /// is replaced).
     pub(crate) fn write(&self, name: &str, value: &str) -> std::io::Result<()> {
-        let mut file = self.open_file(name, OFlags::WRONLY)?;
+        let mut file = self.open_file(name, OFlags::WRONLY | OFlags::TRUNC)?;
         let n = file.write(value.as_bytes())?;
         if n != value.len() {
             return Err(std::io::Error::new(

@@ -77,7 +77,12 @@ impl Error {
 
     /// Whether the error says that a file or cgroup does not exist.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        match self {
+            Error::Io { source, .. } | Error::Write { source, .. } => {
+                source.kind() == std::io::ErrorKind::NotFound
+            }
+            _ => false,
+        }
     }
 
     pub(crate) fn invalid(what: impl Into<String>, why: impl Into<String>) -> Self {

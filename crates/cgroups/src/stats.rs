@@ -631,7 +631,7 @@ pub(crate) fn psi(dir: &CgroupDir, buf: &mut Vec<u8>) -> Result<Option<PsiStats>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::path::CgroupPath;
 
