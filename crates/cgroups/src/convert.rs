@@ -93,7 +93,7 @@ pub fn cpu_quota_per_sec(quota: i64, period: u64) -> (u64, i64) {
         period
     };
     let per_sec = (quota as u64).saturating_mul(1_000_000) / period;
-    if per_sec % 10_000 == 0 {
+    if per_sec.is_multiple_of(10_000) {
         return (per_sec, quota);
     }
     let rounded = (per_sec / 10_000 + 1) * 10_000;
@@ -182,7 +182,7 @@ pub fn page_size_name(kb: u64) -> String {
     const UNITS: [&str; 5] = ["KB", "MB", "GB", "TB", "PB"];
     let mut size = kb;
     let mut unit = 0;
-    while size >= 1024 && size % 1024 == 0 && unit + 1 < UNITS.len() {
+    while size >= 1024 && size.is_multiple_of(1024) && unit + 1 < UNITS.len() {
         size /= 1024;
         unit += 1;
     }

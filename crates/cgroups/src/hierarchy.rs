@@ -256,10 +256,8 @@ impl CgroupFs {
                 Some(cur) => preferred && !cur,
             };
             match m.fs_type.as_str() {
-                "cgroup2" => {
-                    if better(unified.as_ref().map(|u| u.1)) {
-                        unified = Some((mount_point, preferred));
-                    }
+                "cgroup2" if better(unified.as_ref().map(|u| u.1)) => {
+                    unified = Some((mount_point, preferred));
                 }
                 "cgroup" => {
                     let controllers: Controllers = m

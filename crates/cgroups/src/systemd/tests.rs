@@ -32,6 +32,10 @@ struct FakeState {
     job_polls: usize,
 }
 
+type Props = Vec<(String, OwnedVariant)>;
+/// StartTransientUnit's arguments as the stand-in decodes them.
+type StartArgs = (String, String, Props, Vec<(String, Props)>);
+
 /// A minimal systemd manager: enough of org.freedesktop.systemd1 for the
 /// driver, answering from `FakeState`.
 async fn fake_systemd(conn: Connection, state: Arc<StdMutex<FakeState>>) {
@@ -54,20 +58,16 @@ async fn fake_systemd(conn: Connection, state: Arc<StdMutex<FakeState>>) {
         };
         let reply = match member.as_str() {
             "StartTransientUnit" => {
-                let (name, mode, props, _aux): (
-                    String,
-                    String,
-                    Vec<(String, OwnedVariant)>,
-                    Vec<(String, Vec<(String, OwnedVariant)>)>,
-                ) = body.deserialize().unwrap();
+                let (name, mode, props, _aux): StartArgs = body.deserialize().unwrap();
                 assert_eq!(mode, "replace");
                 call.unit = Some(name.clone());
                 call.props = props.into_iter().collect();
                 let mut st = state.lock().unwrap();
-                if st.units.contains_key(&name) {
+                let exists = st.units.contains_key(&name);
+                st.units.entry(name).or_insert_with(|| "active".into());
+                if exists {
                     Err(("org.freedesktop.systemd1.UnitExists", "exists"))
                 } else {
-                    st.units.insert(name, "active".into());
                     st.job_polls = 2;
                     Ok(Message::method_return(&hdr)
                         .build(&(
@@ -107,8 +107,7 @@ async fn fake_systemd(conn: Connection, state: Arc<StdMutex<FakeState>>) {
                 }
             }
             "SetUnitProperties" => {
-                let (name, runtime, props): (String, bool, Vec<(String, OwnedVariant)>) =
-                    body.deserialize().unwrap();
+                let (name, runtime, props): (String, bool, Props) = body.deserialize().unwrap();
                 assert!(runtime);
                 call.unit = Some(name);
                 call.props = props.into_iter().collect();
