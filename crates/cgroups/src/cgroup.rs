@@ -47,12 +47,15 @@ impl<'a> Cgroup<'a> {
     }
 
     fn open(&self, mount: &Path) -> Result<Option<CgroupDir>> {
-        CgroupDir::open_existing(mount, &self.path)
+        self.fs
+            .open_existing(mount, &self.path)
             .map_err(Error::io("open cgroup", self.path.under(mount)))
     }
 
     fn open_required(&self, mount: &Path) -> Result<CgroupDir> {
-        CgroupDir::open(mount, &self.path).map_err(Error::io("open cgroup", self.path.under(mount)))
+        self.fs
+            .open_dir(mount, &self.path)
+            .map_err(Error::io("open cgroup", self.path.under(mount)))
     }
 
     /// Whether the cgroup exists in any hierarchy.
@@ -60,7 +63,7 @@ impl<'a> Cgroup<'a> {
         self.fs
             .all_mounts()
             .into_iter()
-            .any(|m| matches!(CgroupDir::open_existing(m, &self.path), Ok(Some(_))))
+            .any(|m| matches!(self.fs.open_existing(m, &self.path), Ok(Some(_))))
     }
 
     /// Creates a cgroup that will hold processes (a container's, the pause
@@ -92,7 +95,7 @@ impl<'a> Cgroup<'a> {
         })();
         if result.is_err() {
             for (mount, path) in created.iter().rev() {
-                let _ = remove_one(mount, path);
+                let _ = remove_one(self.fs, mount, path);
             }
         }
         result
@@ -105,7 +108,9 @@ impl<'a> Cgroup<'a> {
         created: &mut Vec<(&'m Path, CgroupPath)>,
     ) -> Result<()> {
         let v2 = self.fs.hierarchy().is_unified();
-        let mut dir = CgroupDir::open(mount, &CgroupPath::root())
+        let mut dir = self
+            .fs
+            .open_dir(mount, &CgroupPath::root())
             .map_err(Error::io("open cgroup mount", mount))?;
         let cpuset = !v2 && dir.has("cpuset.cpus");
         let mut path = CgroupPath::root();
@@ -166,8 +171,10 @@ impl<'a> Cgroup<'a> {
         let mut pids = Vec::new();
         let mut buf = Vec::new();
         for mount in self.fs.all_mounts() {
-            for path in subtree(mount, &self.path)? {
-                let Some(dir) = CgroupDir::open_existing(mount, &path)
+            for path in subtree(self.fs, mount, &self.path)? {
+                let Some(dir) = self
+                    .fs
+                    .open_existing(mount, &path)
                     .map_err(Error::io("open cgroup", path.under(mount)))?
                 else {
                     continue;
@@ -315,9 +322,14 @@ impl<'a> Cgroup<'a> {
     pub fn oom_kills(&self) -> Result<u64> {
         let req = StatsRequest {
             memory: true,
+            memory_details: true,
             ..StatsRequest::NONE
         };
-        Ok(self.stats(req)?.memory.map_or(0, |m| m.oom_kills))
+        Ok(self
+            .stats(req)?
+            .memory
+            .and_then(|m| m.oom_kills)
+            .unwrap_or(0))
     }
 
     /// Reads the figures asked for.
@@ -341,7 +353,7 @@ impl<'a> Cgroup<'a> {
                     out.cpu = stats::cpu_v2(&dir, buf)?;
                 }
                 if want.memory {
-                    out.memory = stats::memory_v2(&dir, buf)?;
+                    out.memory = stats::memory_v2(&dir, want.memory_details, buf)?;
                 }
                 if want.pids {
                     out.pids = stats::pids(&dir, buf)?;
@@ -368,13 +380,17 @@ impl<'a> Cgroup<'a> {
                 };
                 if want.cpu {
                     let acct = open(Controller::Cpuacct)?;
-                    let cpu = open(Controller::Cpu)?;
-                    out.cpu = stats::cpu_v1(acct.as_ref(), cpu.as_ref(), buf)?;
+                    let cpu = if want.cpu_details {
+                        open(Controller::Cpu)?
+                    } else {
+                        None
+                    };
+                    out.cpu = stats::cpu_v1(acct.as_ref(), cpu.as_ref(), want.cpu_details, buf)?;
                 }
                 if want.memory
                     && let Some(d) = open(Controller::Memory)?
                 {
-                    out.memory = stats::memory_v1(&d, buf)?;
+                    out.memory = stats::memory_v1(&d, want.memory_details, buf)?;
                 }
                 if want.pids
                     && let Some(d) = open(Controller::Pids)?
@@ -533,11 +549,11 @@ impl<'a> Cgroup<'a> {
         }
         self.kill_all(wait)?;
         for mount in self.fs.all_mounts() {
-            let mut paths = subtree(mount, &self.path)?;
+            let mut paths = subtree(self.fs, mount, &self.path)?;
             // Deepest first, so parents are empty when their turn comes.
             paths.reverse();
             for path in paths {
-                remove_one(mount, &path)?;
+                remove_one(self.fs, mount, &path)?;
             }
         }
         Ok(())
@@ -546,11 +562,12 @@ impl<'a> Cgroup<'a> {
 
 /// `path` and every cgroup below it in the hierarchy at `mount`, parents
 /// before children; empty when `path` does not exist there.
-fn subtree(mount: &Path, path: &CgroupPath) -> Result<Vec<CgroupPath>> {
+fn subtree(fs: &CgroupFs, mount: &Path, path: &CgroupPath) -> Result<Vec<CgroupPath>> {
     let mut out = Vec::new();
     let mut stack = vec![path.clone()];
     while let Some(p) = stack.pop() {
-        let Some(dir) = CgroupDir::open_existing(mount, &p)
+        let Some(dir) = fs
+            .open_existing(mount, &p)
             .map_err(Error::io("open cgroup", p.under(mount)))?
         else {
             continue;
@@ -573,11 +590,12 @@ fn subtree(mount: &Path, path: &CgroupPath) -> Result<Vec<CgroupPath>> {
 
 /// rmdir of one (empty) cgroup, retried while the kernel still counts
 /// exiting tasks.
-fn remove_one(mount: &Path, path: &CgroupPath) -> Result<()> {
+fn remove_one(fs: &CgroupFs, mount: &Path, path: &CgroupPath) -> Result<()> {
     let (Some(parent), Some(name)) = (path.parent(), path.name()) else {
         return Ok(());
     };
-    let Some(dir) = CgroupDir::open_existing(mount, &parent)
+    let Some(dir) = fs
+        .open_existing(mount, &parent)
         .map_err(Error::io("open cgroup", parent.under(mount)))?
     else {
         return Ok(());

@@ -112,32 +112,43 @@ fn open_walk(dir: &OwnedFd, rel: &str, flags: OFlags) -> std::io::Result<OwnedFd
 }
 
 impl CgroupDir {
-    /// Opens `cgroup` below the hierarchy mounted at `mount` (a trusted
-    /// path from the mount table or configuration).
-    pub(crate) fn open(mount: &Path, cgroup: &CgroupPath) -> std::io::Result<CgroupDir> {
-        let root = rustix::fs::open(
+    /// Opens a hierarchy's mount point (a trusted path from the mount
+    /// table or configuration), the anchor every cgroup is opened beneath.
+    pub(crate) fn open_mount(mount: &Path) -> std::io::Result<OwnedFd> {
+        Ok(rustix::fs::open(
             mount,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-        )?;
-        let path = cgroup.under(mount);
-        if cgroup.is_root() {
-            return Ok(CgroupDir { fd: root, path });
-        }
-        let fd = open_beneath(&root, cgroup.relative(), OFlags::RDONLY | OFlags::DIRECTORY)?;
-        Ok(CgroupDir { fd, path })
+        )?)
     }
 
-    /// Opens `cgroup`, None when it does not exist in this hierarchy.
-    pub(crate) fn open_existing(
+    /// Opens `cgroup` below the hierarchy mounted at `mount`.
+    pub(crate) fn open(mount: &Path, cgroup: &CgroupPath) -> std::io::Result<CgroupDir> {
+        Self::open_in(&Self::open_mount(mount)?, mount, cgroup)
+    }
+
+    /// Opens `cgroup` beneath `root`, an open mount point (`mount` names
+    /// it in messages).
+    pub(crate) fn open_in(
+        root: &OwnedFd,
         mount: &Path,
         cgroup: &CgroupPath,
-    ) -> std::io::Result<Option<CgroupDir>> {
-        match Self::open(mount, cgroup) {
-            Ok(d) => Ok(Some(d)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+    ) -> std::io::Result<CgroupDir> {
+        let fd = if cgroup.is_root() {
+            // A descriptor of our own for the root.
+            rustix::fs::openat(
+                root,
+                ".",
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?
+        } else {
+            open_beneath(root, cgroup.relative(), OFlags::RDONLY | OFlags::DIRECTORY)?
+        };
+        Ok(CgroupDir {
+            fd,
+            path: cgroup.under(mount),
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -159,17 +170,12 @@ impl CgroupDir {
     }
 
     fn open_file(&self, name: &str, flags: OFlags) -> std::io::Result<File> {
-        // NONBLOCK: a FIFO under a control file's name must not hang us.
+        // No fstat to check the type (a syscall per file on the stats
+        // path): RESOLVE_NO_XDEV keeps the open on the cgroup file system,
+        // where nothing but control files and directories exist, a
+        // directory fails the read or write (EISDIR), and NONBLOCK keeps a
+        // FIFO in a fake tree from hanging us.
         let fd = open_beneath(&self.fd, plain(name)?, flags | OFlags::NONBLOCK)?;
-        // Control files are regular files on cgroupfs; a directory or
-        // anything else under a control file's name is refused.
-        let stat = rustix::fs::fstat(&fd)?;
-        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{name:?} is not a regular file"),
-            ));
-        }
         Ok(File::from(fd))
     }
 

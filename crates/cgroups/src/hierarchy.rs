@@ -4,6 +4,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
 use crate::cgroup::Cgroup;
 use crate::dir::CgroupDir;
 use crate::error::{Error, Result};
@@ -194,8 +197,9 @@ pub struct V1Mount {
     pub name: Option<String>,
 }
 
-/// The cgroup hierarchies of this host, as found once at start.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The cgroup hierarchies of this host, as found once at start. Clones
+/// share the open mount points.
+#[derive(Debug, Clone)]
 pub struct CgroupFs {
     hierarchy: Hierarchy,
     /// The cgroup2 mount: the root on V2, `/sys/fs/cgroup/unified` on a
@@ -203,7 +207,22 @@ pub struct CgroupFs {
     unified: Option<PathBuf>,
     /// v1 hierarchies, controller ones first (V1 and Hybrid).
     v1: Vec<V1Mount>,
+    /// Each mount point, opened on first use and kept: every cgroup is
+    /// opened beneath one, and reopening the mount on each call would
+    /// cost two syscalls per cgroup on the stats path.
+    roots: Arc<Mutex<Vec<MountRoot>>>,
 }
+
+/// A mount point and its open directory.
+type MountRoot = (PathBuf, Arc<OwnedFd>);
+
+impl PartialEq for CgroupFs {
+    fn eq(&self, other: &Self) -> bool {
+        self.hierarchy == other.hierarchy && self.unified == other.unified && self.v1 == other.v1
+    }
+}
+
+impl Eq for CgroupFs {}
 
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
@@ -316,6 +335,7 @@ impl CgroupFs {
             hierarchy,
             unified,
             v1,
+            roots: Arc::default(),
         })
     }
 
@@ -326,6 +346,7 @@ impl CgroupFs {
             hierarchy: Hierarchy::V2,
             unified: Some(root.into()),
             v1: Vec::new(),
+            roots: Arc::default(),
         }
     }
 
@@ -339,6 +360,7 @@ impl CgroupFs {
             },
             unified,
             v1: mounts,
+            roots: Arc::default(),
         }
     }
 
@@ -408,7 +430,8 @@ impl CgroupFs {
     fn read_controllers(&self, cgroup: &CgroupPath, file: &str) -> Result<Controllers> {
         match (self.hierarchy, &self.unified) {
             (Hierarchy::V2, Some(root)) => {
-                let dir = CgroupDir::open(root, cgroup)
+                let dir = self
+                    .open_dir(root, cgroup)
                     .map_err(Error::io("open cgroup", cgroup.under(root)))?;
                 let list = dir
                     .read_string(file)
@@ -423,6 +446,36 @@ impl CgroupFs {
                 all.0 |= m.controllers.0;
                 all
             })),
+        }
+    }
+
+    /// Opens `cgroup` in the hierarchy mounted at `mount`.
+    pub(crate) fn open_dir(&self, mount: &Path, cgroup: &CgroupPath) -> std::io::Result<CgroupDir> {
+        let root = {
+            let mut roots = self.roots.lock().unwrap_or_else(|e| e.into_inner());
+            match roots.iter().find(|(m, _)| m == mount) {
+                Some((_, fd)) => fd.clone(),
+                None => {
+                    let fd = Arc::new(CgroupDir::open_mount(mount)?);
+                    roots.push((mount.to_path_buf(), fd.clone()));
+                    fd
+                }
+            }
+        };
+        CgroupDir::open_in(&root, mount, cgroup)
+    }
+
+    /// Opens `cgroup` in the hierarchy at `mount`, None when it does not
+    /// exist there.
+    pub(crate) fn open_existing(
+        &self,
+        mount: &Path,
+        cgroup: &CgroupPath,
+    ) -> std::io::Result<Option<CgroupDir>> {
+        match self.open_dir(mount, cgroup) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         }
     }
 

@@ -10,8 +10,15 @@ use crate::error::{Error, Result};
 /// Which groups of figures to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatsRequest {
+    /// Total CPU time.
     pub cpu: bool,
+    /// User/system split and CFS throttling (on v1 two more files).
+    pub cpu_details: bool,
+    /// Usage, limit, working set and the memory.stat figures.
     pub memory: bool,
+    /// Peak, swap, kernel memory, limit hits and OOM events (v1: five
+    /// more files, v2: three).
+    pub memory_details: bool,
     pub pids: bool,
     pub io: bool,
     pub hugetlb: bool,
@@ -23,16 +30,20 @@ impl StatsRequest {
     /// Everything.
     pub const ALL: StatsRequest = StatsRequest {
         cpu: true,
+        cpu_details: true,
         memory: true,
+        memory_details: true,
         pids: true,
         io: true,
         hugetlb: true,
         psi: true,
     };
-    /// CPU and memory: what ContainerStats and PodSandboxStats need most.
+    /// CPU and memory, lean: what ContainerStats and PodSandboxStats need.
     pub const CPU_MEMORY: StatsRequest = StatsRequest {
         cpu: true,
+        cpu_details: false,
         memory: true,
+        memory_details: false,
         pids: false,
         io: false,
         hugetlb: false,
@@ -40,7 +51,9 @@ impl StatsRequest {
     };
     pub const NONE: StatsRequest = StatsRequest {
         cpu: false,
+        cpu_details: false,
         memory: false,
+        memory_details: false,
         pids: false,
         io: false,
         hugetlb: false,
@@ -64,7 +77,8 @@ pub struct Stats {
 pub struct CpuStats {
     /// Total CPU time, ns.
     pub usage_ns: u64,
-    /// User and system time, ns (v1: from USER_HZ ticks).
+    /// User and system time, ns (v1: from USER_HZ ticks); 0 unless
+    /// asked for on v1.
     pub user_ns: u64,
     pub system_ns: u64,
     /// CFS bandwidth periods, and those throttled.
@@ -105,13 +119,14 @@ pub struct MemoryStats {
     /// kernels; v1 kmem usage).
     pub kernel: Option<u64>,
     /// Times the limit was hit (v2 memory.events `max`, v1 failcnt).
-    pub limit_hits: u64,
+    /// This and the two below: None unless `memory_details` was asked.
+    pub limit_hits: Option<u64>,
     /// OOM events (v2 `oom`; v1 under_oom episodes are not counted, so
     /// the OOM kills stand in).
-    pub oom_events: u64,
+    pub oom_events: Option<u64>,
     /// Processes the OOM killer killed (v2 `oom_kill`, v1 oom_control
     /// `oom_kill`, kernel 4.13+).
-    pub oom_kills: u64,
+    pub oom_kills: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -384,6 +399,7 @@ pub(crate) fn cpu_v2(dir: &CgroupDir, buf: &mut Vec<u8>) -> Result<Option<CpuSta
 pub(crate) fn cpu_v1(
     cpuacct: Option<&CgroupDir>,
     cpu: Option<&CgroupDir>,
+    details: bool,
     buf: &mut Vec<u8>,
 ) -> Result<Option<CpuStats>> {
     let Some(acct) = cpuacct else {
@@ -393,6 +409,9 @@ pub(crate) fn cpu_v1(
         usage_ns: read_u64(acct, "cpuacct.usage", buf)?.unwrap_or(0),
         ..Default::default()
     };
+    if !details {
+        return Ok(Some(c));
+    }
     if read(acct, "cpuacct.stat", buf)? {
         parse_flat_keyed(buf, |k, v| match k {
             "user" => c.user_ns = v.saturating_mul(NS_PER_TICK),
@@ -413,7 +432,11 @@ pub(crate) fn cpu_v1(
     Ok(Some(c))
 }
 
-pub(crate) fn memory_v2(dir: &CgroupDir, buf: &mut Vec<u8>) -> Result<Option<MemoryStats>> {
+pub(crate) fn memory_v2(
+    dir: &CgroupDir,
+    details: bool,
+    buf: &mut Vec<u8>,
+) -> Result<Option<MemoryStats>> {
     // memory.stat exists wherever the controller is enabled (the root
     // too); memory.current does not exist in the root.
     if !read(dir, "memory.stat", buf)? {
@@ -440,24 +463,33 @@ pub(crate) fn memory_v2(dir: &CgroupDir, buf: &mut Vec<u8>) -> Result<Option<Mem
     m.kernel = Some(if have_kernel { kernel } else { kernel_parts });
     m.usage = read_u64(dir, "memory.current", buf)?.unwrap_or(0);
     m.limit = read_limit(dir, "memory.max", buf)?.flatten();
-    m.max_usage = read_u64(dir, "memory.peak", buf)?;
     m.working_set = m.usage.saturating_sub(m.inactive_file);
+    if !details {
+        return Ok(Some(m));
+    }
+    m.max_usage = read_u64(dir, "memory.peak", buf)?;
     m.swap = read_u64(dir, "memory.swap.current", buf)?;
     if m.swap.is_some() {
         m.swap_limit = read_limit(dir, "memory.swap.max", buf)?.flatten();
     }
     if read(dir, "memory.events", buf)? {
+        let (mut max, mut oom, mut kills) = (0, 0, 0);
         parse_flat_keyed(buf, |k, v| match k {
-            "max" => m.limit_hits = v,
-            "oom" => m.oom_events = v,
-            "oom_kill" => m.oom_kills = v,
+            "max" => max = v,
+            "oom" => oom = v,
+            "oom_kill" => kills = v,
             _ => {}
         });
+        (m.limit_hits, m.oom_events, m.oom_kills) = (Some(max), Some(oom), Some(kills));
     }
     Ok(Some(m))
 }
 
-pub(crate) fn memory_v1(dir: &CgroupDir, buf: &mut Vec<u8>) -> Result<Option<MemoryStats>> {
+pub(crate) fn memory_v1(
+    dir: &CgroupDir,
+    details: bool,
+    buf: &mut Vec<u8>,
+) -> Result<Option<MemoryStats>> {
     if !read(dir, "memory.stat", buf)? {
         return Ok(None);
     }
@@ -478,9 +510,12 @@ pub(crate) fn memory_v1(dir: &CgroupDir, buf: &mut Vec<u8>) -> Result<Option<Mem
     });
     m.usage = read_u64(dir, "memory.usage_in_bytes", buf)?.unwrap_or(0);
     m.limit = read_limit(dir, "memory.limit_in_bytes", buf)?.flatten();
-    m.max_usage = read_u64(dir, "memory.max_usage_in_bytes", buf)?;
     m.working_set = m.usage.saturating_sub(m.inactive_file);
-    m.limit_hits = read_u64(dir, "memory.failcnt", buf)?.unwrap_or(0);
+    if !details {
+        return Ok(Some(m));
+    }
+    m.max_usage = read_u64(dir, "memory.max_usage_in_bytes", buf)?;
+    m.limit_hits = read_u64(dir, "memory.failcnt", buf)?;
     m.kernel = read_u64(dir, "memory.kmem.usage_in_bytes", buf)?;
     if let Some(memsw) = read_u64(dir, "memory.memsw.usage_in_bytes", buf)? {
         m.swap = Some(swap_total.unwrap_or(memsw.saturating_sub(m.usage)));
@@ -491,12 +526,13 @@ pub(crate) fn memory_v1(dir: &CgroupDir, buf: &mut Vec<u8>) -> Result<Option<Mem
         };
     }
     if read(dir, "memory.oom_control", buf)? {
+        let mut kills = 0;
         parse_flat_keyed(buf, |k, v| {
             if k == "oom_kill" {
-                m.oom_kills = v;
+                kills = v;
             }
         });
-        m.oom_events = m.oom_kills;
+        (m.oom_events, m.oom_kills) = (Some(kills), Some(kills));
     }
     Ok(Some(m))
 }
@@ -783,7 +819,7 @@ total_active_file 270336
                 "low 0\nhigh 0\nmax 7\noom 2\noom_kill 1\noom_group_kill 0\n",
             ),
         ]);
-        let m = memory_v2(&dir, &mut Vec::new()).unwrap().unwrap();
+        let m = memory_v2(&dir, true, &mut Vec::new()).unwrap().unwrap();
         assert_eq!(m.usage, 80_000_000);
         assert_eq!(m.limit, Some(104_857_600));
         assert_eq!(m.max_usage, Some(90_000_000));
@@ -795,7 +831,17 @@ total_active_file 270336
         assert_eq!(m.kernel, Some(1_572_864));
         assert_eq!(m.swap, Some(4096));
         assert_eq!(m.swap_limit, None);
-        assert_eq!((m.limit_hits, m.oom_events, m.oom_kills), (7, 2, 1));
+        assert_eq!(
+            (m.limit_hits, m.oom_events, m.oom_kills),
+            (Some(7), Some(2), Some(1))
+        );
+        // Lean: the three files that give usage, limit and working set.
+        let lean = memory_v2(&dir, false, &mut Vec::new()).unwrap().unwrap();
+        assert_eq!((lean.usage, lean.working_set), (m.usage, m.working_set));
+        assert_eq!(
+            (lean.max_usage, lean.swap, lean.oom_kills),
+            (None, None, None)
+        );
     }
 
     #[test]
@@ -808,7 +854,7 @@ total_active_file 270336
             ("memory.current", "1000\n"),
             ("memory.max", "max\n"),
         ]);
-        let m = memory_v2(&dir, &mut Vec::new()).unwrap().unwrap();
+        let m = memory_v2(&dir, true, &mut Vec::new()).unwrap().unwrap();
         assert_eq!(m.kernel, Some(65_536 + 299_008 + 1_001_648));
         assert_eq!(m.working_set, 0);
         assert_eq!(m.limit, None);
@@ -832,7 +878,7 @@ total_active_file 270336
                 "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
             ),
         ]);
-        let m = memory_v1(&dir, &mut Vec::new()).unwrap().unwrap();
+        let m = memory_v1(&dir, true, &mut Vec::new()).unwrap().unwrap();
         assert_eq!(m.usage, 82_000_000);
         assert_eq!(m.working_set, 82_000_000 - 2_081_344);
         assert_eq!(m.rss, 79_632_000);
@@ -843,13 +889,13 @@ total_active_file 270336
         assert_eq!(m.swap, Some(0));
         assert_eq!(m.swap_limit, Some(104_857_600));
         assert_eq!(m.max_usage, Some(99_000_000));
-        assert_eq!((m.limit_hits, m.oom_kills), (3, 4));
+        assert_eq!((m.limit_hits, m.oom_kills), (Some(3), Some(4)));
         let (_root, dir) = fake(&[
             ("memory.stat", MEMORY_STAT_V1),
             ("memory.usage_in_bytes", "1\n"),
             ("memory.limit_in_bytes", "9223372036854771712\n"),
         ]);
-        let m = memory_v1(&dir, &mut Vec::new()).unwrap().unwrap();
+        let m = memory_v1(&dir, true, &mut Vec::new()).unwrap().unwrap();
         assert_eq!(m.limit, None);
         assert_eq!(m.swap, None);
     }
@@ -880,7 +926,14 @@ total_active_file 270336
             "cpu.stat",
             "nr_periods 4\nnr_throttled 1\nthrottled_time 999\n",
         )]);
-        let c = cpu_v1(Some(&acct), Some(&cpu), &mut Vec::new())
+        let lean = cpu_v1(Some(&acct), Some(&cpu), false, &mut Vec::new())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (lean.usage_ns, lean.user_ns, lean.periods),
+            (123_456_789, 0, 0)
+        );
+        let c = cpu_v1(Some(&acct), Some(&cpu), true, &mut Vec::new())
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -894,7 +947,10 @@ total_active_file 270336
                 throttled_ns: 999
             }
         );
-        assert_eq!(cpu_v1(None, Some(&cpu), &mut Vec::new()).unwrap(), None);
+        assert_eq!(
+            cpu_v1(None, Some(&cpu), true, &mut Vec::new()).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -411,10 +411,10 @@ fn oom_kills_are_counted(fs: &CgroupFs) -> TestResult {
     writeln!(child.stdin.as_mut().unwrap(), "go")?;
     assert_eq!(s.wait_signal(pid), Some(9), "the hog was not OOM-killed");
     assert!(cg.oom_kills()? >= 1);
-    let m = cg.stats(StatsRequest::CPU_MEMORY)?.memory.unwrap();
-    assert!(m.oom_events >= 1, "{m:?}");
+    let m = cg.stats(StatsRequest::ALL)?.memory.unwrap();
+    assert!(m.oom_events >= Some(1), "{m:?}");
     if fs.hierarchy().is_unified() {
-        assert!(m.limit_hits >= 1, "{m:?}");
+        assert!(m.limit_hits >= Some(1), "{m:?}");
     }
     Ok(())
 }
