@@ -142,6 +142,19 @@ impl<'a> Cgroup<'a> {
         Ok(())
     }
 
+    /// An open descriptor of this (v2) cgroup's directory, to start a
+    /// process in it with clone3(CLONE_INTO_CGROUP) instead of moving it
+    /// after the fact. v1 has no such thing.
+    pub fn open_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        match (self.fs.hierarchy(), self.fs.unified_mount()) {
+            (Hierarchy::V2, Some(root)) => Ok(self.open_required(root)?.into_fd()),
+            _ => Err(Error::unsupported(
+                "CLONE_INTO_CGROUP",
+                "a cgroup v2 feature",
+            )),
+        }
+    }
+
     /// Moves process `pid` into this cgroup (every hierarchy where it
     /// exists).
     pub fn add_process(&self, pid: u32) -> Result<()> {
@@ -790,6 +803,26 @@ mod tests {
         assert_eq!(read(&c.join("memory.high")), "50000000");
         cg.set_oom_group(true).unwrap();
         assert_eq!(read(&c.join("memory.oom.group")), "1");
+        // The directory for CLONE_INTO_CGROUP is the cgroup's own.
+        let fd = cg.open_fd().unwrap();
+        let st = rustix::fs::fstat(&fd).unwrap();
+        let want = std::fs::metadata(&c).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((st.st_dev, st.st_ino), (want.dev(), want.ino()));
+    }
+
+    #[test]
+    fn host_facts_from_a_fake_tree() {
+        let root = tempfile::tempdir().unwrap();
+        v2_cgroup(root.path(), "cpu memory hugetlb");
+        let fs = CgroupFs::v2(root.path());
+        assert!(fs.has_controller(Controller::Hugetlb));
+        assert!(!fs.has_controller(Controller::Pids));
+        assert!(!fs.swap_accounting());
+        v2_cgroup(&root.path().join("system.slice"), "memory");
+        assert!(fs.swap_accounting());
+        let v1 = CgroupFs::v1(Vec::new(), None);
+        assert!(v1.cgroup(CgroupPath::root()).open_fd().is_err());
     }
 
     #[test]

@@ -151,6 +151,11 @@ impl CgroupDir {
         })
     }
 
+    /// The open directory, for clone3(CLONE_INTO_CGROUP).
+    pub(crate) fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }

@@ -12,8 +12,9 @@ use crate::dir::CgroupDir;
 use crate::error::{Error, Result};
 use crate::path::CgroupPath;
 
-/// How the host mounts cgroups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// How the host mounts cgroups (serialized as `v1`, `hybrid`, `v2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Hierarchy {
     /// Only cgroup v1 hierarchies.
     V1,
@@ -477,6 +478,35 @@ impl CgroupFs {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether swap is accounted, so that a memory+swap limit can be set:
+    /// v1 `memory.memsw.*` files, v2 `memory.swap.max` (which the root
+    /// cgroup lacks: a child is looked at).
+    pub fn swap_accounting(&self) -> bool {
+        match self.hierarchy {
+            Hierarchy::V2 => self.unified.as_deref().is_some_and(|root| {
+                let Ok(dir) = self.open_dir(root, &CgroupPath::root()) else {
+                    return false;
+                };
+                dir.subdirs()
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|name| dir.child(name).is_ok_and(|c| c.has("memory.swap.max")))
+            }),
+            _ => self.v1_mount(Controller::Memory).is_some_and(|m| {
+                self.open_dir(m, &CgroupPath::root())
+                    .is_ok_and(|d| d.has("memory.memsw.limit_in_bytes"))
+            }),
+        }
+    }
+
+    /// Whether resources of `controller` can be set here: v2, enabled in
+    /// the root (available to every cgroup whose parents delegate it);
+    /// v1, mounted.
+    pub fn has_controller(&self, controller: Controller) -> bool {
+        self.controllers(&CgroupPath::root())
+            .is_ok_and(|c| c.contains(controller))
     }
 
     /// A handle on the cgroup at `path` in these hierarchies. Touches

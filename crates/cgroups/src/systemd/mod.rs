@@ -3,12 +3,15 @@
 //! containers and pause processes).
 //!
 //! Nothing connects until the first call, so a daemon on the cgroupfs
-//! driver holds no socket, task or buffer for this. As root it talks to
-//! systemd's private socket (`/run/systemd/private`, present whenever
-//! systemd is PID 1, no dbus-daemon needed), else to the system bus. Calls
-//! run on the caller's tokio runtime (zbus spawns its socket reader there,
-//! no thread of its own). A dropped connection (systemd re-executing) is
-//! made again once per call.
+//! driver holds no socket, task or buffer for this. It talks to systemd
+//! over the system bus (dbus-daemon or dbus-broker, which systemd hosts
+//! run). Not over systemd's private socket (`/run/systemd/private`, what
+//! runc uses as root): systemd names itself `org.freedesktop.systemd1` in
+//! the SENDER field of its replies there, which zbus refuses ("Invalid
+//! unique name": a sender must be a unique `:x.y` name), as found in the
+//! VM. Calls run on the caller's tokio runtime (zbus spawns its socket
+//! reader there, no thread of its own). A dropped connection (the bus
+//! restarting) is made again once per call.
 
 pub mod properties;
 
@@ -28,7 +31,6 @@ const DESTINATION: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
-const PRIVATE_SOCKET: &str = "/run/systemd/private";
 
 /// How long a start or stop job may take.
 pub const JOB_TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,7 +53,7 @@ impl UnitState {
 }
 
 enum Target {
-    /// The private socket as root, else the system bus.
+    /// The system bus.
     Default,
     /// A given address (bus or peer-to-peer).
     Address { address: String, p2p: bool },
@@ -179,24 +181,11 @@ impl Systemd {
                 .build()
                 .await
                 .map_err(Error::dbus(format!("connecting to {address}"))),
-            Target::Default => {
-                if rustix::process::geteuid().is_root()
-                    && std::path::Path::new(PRIVATE_SOCKET).exists()
-                {
-                    let address = format!("unix:path={PRIVATE_SOCKET}");
-                    match build(&address, true)?.build().await {
-                        Ok(c) => return Ok(c),
-                        Err(e) => {
-                            tracing::debug!("systemd private socket: {e}; using the system bus")
-                        }
-                    }
-                }
-                zbus::connection::Builder::system()
-                    .method_timeout(CALL_TIMEOUT)
-                    .build()
-                    .await
-                    .map_err(Error::dbus("connecting to the system bus"))
-            }
+            Target::Default => zbus::connection::Builder::system()
+                .method_timeout(CALL_TIMEOUT)
+                .build()
+                .await
+                .map_err(Error::dbus("connecting to the system bus")),
         }
     }
 
