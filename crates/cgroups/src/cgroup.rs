@@ -355,9 +355,9 @@ impl<'a> Cgroup<'a> {
     pub fn stats_into(&self, want: StatsRequest, buf: &mut Vec<u8>) -> Result<Stats> {
         let mut out = Stats::default();
         let sizes = if want.hugetlb {
-            stats::hugepage_sizes()
+            self.fs.hugepage_sizes()
         } else {
-            Vec::new()
+            &[]
         };
         match (self.fs.hierarchy(), self.fs.unified_mount()) {
             (Hierarchy::V2, Some(root)) => {
@@ -375,7 +375,7 @@ impl<'a> Cgroup<'a> {
                     out.io = stats::io_v2(&dir, buf)?;
                 }
                 if want.hugetlb {
-                    out.hugetlb = stats::hugetlb(&dir, true, &sizes, buf)?;
+                    out.hugetlb = stats::hugetlb(&dir, true, sizes, buf)?;
                 }
                 if want.psi {
                     out.psi = stats::psi(&dir, buf)?;
@@ -418,7 +418,7 @@ impl<'a> Cgroup<'a> {
                 if want.hugetlb
                     && let Some(d) = open(Controller::Hugetlb)?
                 {
-                    out.hugetlb = stats::hugetlb(&d, false, &sizes, buf)?;
+                    out.hugetlb = stats::hugetlb(&d, false, sizes, buf)?;
                 }
                 // A hybrid host's cgroup2 side has PSI for cgroups an OCI
                 // runtime also made there (runc does).

@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::cgroup::Cgroup;
 use crate::dir::CgroupDir;
@@ -212,6 +212,8 @@ pub struct CgroupFs {
     /// opened beneath one, and reopening the mount on each call would
     /// cost two syscalls per cgroup on the stats path.
     roots: Arc<Mutex<Vec<MountRoot>>>,
+    /// The host's huge page sizes, read on first use.
+    hugepage_sizes: Arc<OnceLock<Vec<String>>>,
 }
 
 /// A mount point and its open directory.
@@ -337,6 +339,7 @@ impl CgroupFs {
             unified,
             v1,
             roots: Arc::default(),
+            hugepage_sizes: Arc::default(),
         })
     }
 
@@ -348,6 +351,7 @@ impl CgroupFs {
             unified: Some(root.into()),
             v1: Vec::new(),
             roots: Arc::default(),
+            hugepage_sizes: Arc::default(),
         }
     }
 
@@ -362,6 +366,7 @@ impl CgroupFs {
             unified,
             v1: mounts,
             roots: Arc::default(),
+            hugepage_sizes: Arc::default(),
         }
     }
 
@@ -448,6 +453,13 @@ impl CgroupFs {
                 all
             })),
         }
+    }
+
+    /// The host's huge page sizes as hugetlb files name them (`2MB`,
+    /// `1GB`), read once.
+    pub fn hugepage_sizes(&self) -> &[String] {
+        self.hugepage_sizes
+            .get_or_init(crate::stats::hugepage_sizes)
     }
 
     /// Opens `cgroup` in the hierarchy mounted at `mount`.

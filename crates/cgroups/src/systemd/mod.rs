@@ -413,7 +413,8 @@ impl Systemd {
 
     /// Makes a transient slice (a pod's, when kubelet has not made it)
     /// with `resources`; one that exists already is left as it is
-    /// (kubelet's, or an earlier attempt's).
+    /// (kubelet's, or an earlier attempt's): [`Systemd::apply`] changes the
+    /// limits of an existing one (UpdatePodSandboxResources).
     pub async fn start_slice(&self, slice: &str, resources: &LinuxResources) -> Result<()> {
         check_unit_name(slice)?;
         let path = expand_slice(slice)?;
