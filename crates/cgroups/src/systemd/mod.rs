@@ -442,6 +442,12 @@ impl Systemd {
     ) -> Result<()> {
         check_unit_name(scope)?;
         check_unit_name(slice)?;
+        if pids.is_empty() {
+            return Err(Error::invalid(
+                format!("scope {}", quote(scope)),
+                "systemd starts a scope only around processes: no PID given",
+            ));
+        }
         if !scope.ends_with(".scope") || !slice.ends_with(".slice") {
             return Err(Error::invalid(
                 format!("scope {} in slice {}", quote(scope), quote(slice)),
@@ -452,9 +458,7 @@ impl Systemd {
         let mut props = base_properties(description.to_string(), self.hierarchy);
         props.push(properties::prop("Slice", Value::Str(slice.to_string())));
         props.push(properties::prop("Delegate", Value::Bool(true)));
-        if !pids.is_empty() {
-            props.push(properties::prop("PIDs", Value::U32s(pids.to_vec())));
-        }
+        props.push(properties::prop("PIDs", Value::U32s(pids.to_vec())));
         props.extend(resource_properties(resources, self.hierarchy, version)?.0);
         props.extend(oom_policy(resources, version)?);
         self.start_unit(scope, props, false).await

@@ -365,13 +365,24 @@ async fn bad_unit_names_never_reach_systemd() {
         sd.start_scope(
             "crust-a.scope",
             "../x.slice",
-            &[],
+            &[1],
             "",
             &LinuxResources::default()
         )
         .await
         .is_err()
     );
+    let e = sd
+        .start_scope(
+            "crust-a.scope",
+            "system.slice",
+            &[],
+            "",
+            &LinuxResources::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.is_invalid_argument(), "{e}");
     assert!(state.lock().unwrap().calls.is_empty());
 }
 
