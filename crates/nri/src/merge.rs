@@ -473,6 +473,9 @@ impl CreateMerge {
         container
             .devices
             .retain(|d| !removed.contains(&d.path) && !modified.contains(&d.path));
+        adjust
+            .devices
+            .retain(|d| removal_target(&d.path).is_none_or(|k| !modified.contains(k)));
         for d in &add {
             owners.claim_entry(&id, Field::Devices, &d.path, plugin)?;
             adjust.devices.push(d.clone());
@@ -520,6 +523,10 @@ impl CreateMerge {
             let key = e.split_once('=').map_or(e.as_str(), |(k, _)| k);
             !removed.contains(key) && !modified.contains(key)
         });
+        // a set entry supersedes an earlier removal marker for it
+        self.adjust
+            .env
+            .retain(|e| removal_target(&e.key).is_none_or(|k| !modified.contains(k)));
         for e in &add {
             self.owners.claim_entry(&id, Field::Env, &e.key, plugin)?;
             self.adjust.env.push(e.clone());
@@ -942,5 +949,470 @@ impl UpdateMerge {
             updates: self.updates.into_vec(),
             evictions: self.evictions,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container() -> Container {
+        Container {
+            id: "c1".into(),
+            env: vec!["PATH=/bin".into(), "OLD=1".into()],
+            mounts: vec![Mount {
+                destination: "/data".into(),
+                source: "/host".into(),
+                ..Default::default()
+            }],
+            annotations: [("keep".to_string(), "1".to_string())].into(),
+            ..Default::default()
+        }
+    }
+
+    fn create(adj: ContainerAdjustment) -> CreateContainerResponse {
+        CreateContainerResponse {
+            adjust: Some(adj),
+            ..Default::default()
+        }
+    }
+
+    fn mem(limit: i64) -> LinuxContainerAdjustment {
+        LinuxContainerAdjustment {
+            resources: Some(LinuxResources {
+                memory: Some(LinuxMemory {
+                    limit: Some(OptionalInt64 { value: limit }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn independent_fields_merge_and_later_plugins_see_earlier_changes() {
+        let mut m = CreateMerge::new(container());
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("A", "1"), KeyValue::new("OLD", "2")],
+                annotations: [("a".to_string(), "x".to_string())].into(),
+                ..Default::default()
+            }),
+            "00-a",
+        )
+        .unwrap();
+        assert!(m.container.env.contains(&"A=1".to_string()));
+        assert!(m.container.env.contains(&"OLD=2".to_string()));
+        assert!(!m.container.env.contains(&"OLD=1".to_string()));
+        m.apply(
+            create(ContainerAdjustment {
+                linux: Some(mem(1 << 20)),
+                ..Default::default()
+            }),
+            "10-b",
+        )
+        .unwrap();
+        let r = m.finish();
+        let a = r.adjust.unwrap();
+        assert_eq!(
+            a.env,
+            vec![KeyValue::new("A", "1"), KeyValue::new("OLD", "2")]
+        );
+        assert_eq!(a.annotations["a"], "x");
+        assert_eq!(
+            a.linux
+                .unwrap()
+                .resources
+                .unwrap()
+                .memory
+                .unwrap()
+                .limit
+                .unwrap()
+                .value,
+            1 << 20
+        );
+    }
+
+    #[test]
+    fn same_field_from_two_plugins_is_a_conflict_naming_both() {
+        for (first, second, what) in [
+            (
+                ContainerAdjustment {
+                    linux: Some(mem(1)),
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    linux: Some(mem(2)),
+                    ..Default::default()
+                },
+                "MemLimit",
+            ),
+            (
+                ContainerAdjustment {
+                    env: vec![KeyValue::new("X", "1")],
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    env: vec![KeyValue::new("X", "2")],
+                    ..Default::default()
+                },
+                "Env X",
+            ),
+            (
+                ContainerAdjustment {
+                    mounts: vec![Mount {
+                        destination: "/m".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    mounts: vec![Mount {
+                        destination: "/m".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                "Mounts /m",
+            ),
+            (
+                ContainerAdjustment {
+                    annotations: [("k".to_string(), "1".to_string())].into(),
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    annotations: [("k".to_string(), "2".to_string())].into(),
+                    ..Default::default()
+                },
+                "Annotations k",
+            ),
+            (
+                ContainerAdjustment {
+                    args: vec!["a".into()],
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    args: vec!["b".into()],
+                    ..Default::default()
+                },
+                "Args",
+            ),
+            (
+                ContainerAdjustment {
+                    rlimits: vec![PosixRlimit {
+                        r#type: "RLIMIT_NOFILE".into(),
+                        hard: 1,
+                        soft: 1,
+                    }],
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    rlimits: vec![PosixRlimit {
+                        r#type: "RLIMIT_NOFILE".into(),
+                        hard: 2,
+                        soft: 2,
+                    }],
+                    ..Default::default()
+                },
+                "Rlimits RLIMIT_NOFILE",
+            ),
+            (
+                ContainerAdjustment {
+                    linux: Some(LinuxContainerAdjustment {
+                        cgroups_path: "/a".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    linux: Some(LinuxContainerAdjustment {
+                        cgroups_path: "/b".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                "CgroupsPath",
+            ),
+            (
+                ContainerAdjustment {
+                    linux: Some(LinuxContainerAdjustment {
+                        devices: vec![LinuxDevice {
+                            path: "/dev/x".into(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ContainerAdjustment {
+                    linux: Some(LinuxContainerAdjustment {
+                        devices: vec![LinuxDevice {
+                            path: "/dev/x".into(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                "Devices /dev/x",
+            ),
+        ] {
+            let mut m = CreateMerge::new(container());
+            m.apply(create(first), "00-a").unwrap();
+            let e = m.apply(create(second), "10-b").unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(r#"plugins "10-b" and "00-a" both tried to set {what}"#)
+            );
+        }
+    }
+
+    #[test]
+    fn removal_markers_remove_and_reach_the_adjustment() {
+        let mut m = CreateMerge::new(container());
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("-OLD", "")],
+                mounts: vec![Mount {
+                    destination: "-/data".into(),
+                    ..Default::default()
+                }],
+                annotations: [("-keep".to_string(), String::new())].into(),
+                linux: Some(LinuxContainerAdjustment {
+                    devices: vec![LinuxDevice {
+                        path: "-/dev/null".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            "00-a",
+        )
+        .unwrap();
+        assert_eq!(m.container.env, vec!["PATH=/bin".to_string()]);
+        assert!(m.container.mounts.is_empty());
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("NEW", "1")],
+                ..Default::default()
+            }),
+            "10-b",
+        )
+        .unwrap();
+        let a = m.finish().adjust.unwrap();
+        assert!(a.env.contains(&KeyValue::new("-OLD", "")));
+        assert!(a.mounts.iter().any(|x| x.destination == "-/data"));
+        assert_eq!(a.annotations.get("-keep").map(String::as_str), Some(""));
+        assert_eq!(a.linux.unwrap().devices[0].path, "-/dev/null");
+    }
+
+    #[test]
+    fn a_removal_owns_the_entry_against_later_plugins() {
+        let mut m = CreateMerge::new(container());
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("FOO", "1")],
+                ..Default::default()
+            }),
+            "00-a",
+        )
+        .unwrap();
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("-FOO", "")],
+                ..Default::default()
+            }),
+            "10-b",
+        )
+        .unwrap();
+        let e = m
+            .apply(
+                create(ContainerAdjustment {
+                    env: vec![KeyValue::new("FOO", "3")],
+                    ..Default::default()
+                }),
+                "20-c",
+            )
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"plugins "20-c" and "10-b" both tried to set Env FOO"#
+        );
+        let mut m = CreateMerge::new(container());
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("FOO", "1")],
+                ..Default::default()
+            }),
+            "00-a",
+        )
+        .unwrap();
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("-FOO", "")],
+                ..Default::default()
+            }),
+            "10-b",
+        )
+        .unwrap();
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("FOO", "4")],
+                ..Default::default()
+            }),
+            "10-b",
+        )
+        .unwrap();
+        let a = m.finish().adjust.unwrap();
+        assert_eq!(a.env, vec![KeyValue::new("FOO", "4")]);
+    }
+
+    #[test]
+    fn a_later_plugin_may_override_a_removal_of_its_own_and_replace_earlier_adds() {
+        let mut m = CreateMerge::new(container());
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("A", "1")],
+                ..Default::default()
+            }),
+            "00-a",
+        )
+        .unwrap();
+        // the same plugin removes and sets in one answer: a replacement
+        m.apply(
+            create(ContainerAdjustment {
+                env: vec![KeyValue::new("-B", ""), KeyValue::new("B", "2")],
+                ..Default::default()
+            }),
+            "10-b",
+        )
+        .unwrap();
+        let a = m.finish().adjust.unwrap();
+        assert_eq!(
+            a.env,
+            vec![KeyValue::new("A", "1"), KeyValue::new("B", "2")]
+        );
+    }
+
+    #[test]
+    fn hooks_accumulate_and_args_can_be_reset() {
+        let hook = |p: &str| Hook {
+            path: p.into(),
+            ..Default::default()
+        };
+        let mut m = CreateMerge::new(container());
+        m.apply(
+            create(ContainerAdjustment {
+                hooks: Some(Hooks {
+                    prestart: vec![hook("/a")],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            "00-a",
+        )
+        .unwrap();
+        m.apply(
+            create(ContainerAdjustment {
+                hooks: Some(Hooks {
+                    prestart: vec![hook("/b")],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            "10-b",
+        )
+        .unwrap();
+        m.apply(
+            create(ContainerAdjustment {
+                args: vec!["x".into()],
+                ..Default::default()
+            }),
+            "20-c",
+        )
+        .unwrap();
+        let a = m.finish().adjust.unwrap();
+        assert_eq!(
+            a.hooks
+                .unwrap()
+                .prestart
+                .iter()
+                .map(|h| h.path.as_str())
+                .collect::<Vec<_>>(),
+            ["/a", "/b"]
+        );
+        assert_eq!(a.args, ["x"]);
+    }
+
+    #[test]
+    fn updates_merge_per_container_and_conflict_per_field() {
+        let upd = |id: &str, cpus: &str, ignore: bool| ContainerUpdate {
+            container_id: id.into(),
+            linux: Some(LinuxContainerUpdate {
+                resources: Some(LinuxResources {
+                    cpu: Some(LinuxCpu {
+                        cpus: cpus.into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            }),
+            ignore_failure: ignore,
+        };
+        // CreateContainer: updating the container being created is refused
+        let mut m = CreateMerge::new(container());
+        let e = m
+            .apply(
+                CreateContainerResponse {
+                    update: vec![upd("c1", "0", false)],
+                    ..Default::default()
+                },
+                "00-a",
+            )
+            .unwrap_err();
+        assert_eq!(
+            e,
+            MergeError::UpdateOfCreated {
+                plugin: "00-a".into(),
+                id: "c1".into()
+            }
+        );
+
+        // UpdateContainer: the requested container's resources change in place
+        let mut u = UpdateMerge::for_update("c1".into(), LinuxResources::default());
+        u.apply(
+            &[upd("c1", "0-1", false), upd("c2", "2", false)],
+            Vec::new(),
+            "00-a",
+        )
+        .unwrap();
+        assert!(
+            u.apply(&[upd("c2", "3", false)], Vec::new(), "10-b")
+                .unwrap_err()
+                .to_string()
+                .contains("CPUSetCPUs")
+        );
+        // an ignorable conflicting update is dropped, not an error
+        u.apply(&[upd("c2", "3", true)], Vec::new(), "10-b")
+            .unwrap();
+        let r = u.finish();
+        assert_eq!(r.resources.cpu.unwrap().cpus, "0-1");
+        assert_eq!(r.updates.len(), 1);
+        assert_eq!(
+            r.updates[0]
+                .linux
+                .as_ref()
+                .unwrap()
+                .resources
+                .as_ref()
+                .unwrap()
+                .cpu
+                .as_ref()
+                .unwrap()
+                .cpus,
+            "2"
+        );
     }
 }

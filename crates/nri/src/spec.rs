@@ -181,12 +181,24 @@ pub fn apply_adjustment(
     Ok(())
 }
 
+/// An empty section (oci-spec's `Default`s come with a full default
+/// container: args, namespaces, masked paths, which must not sneak in).
+fn empty<T: DeserializeOwned>() -> T {
+    serde_json::from_value(json!({})).expect("empty OCI section")
+}
+
 fn process(spec: &mut Spec) -> &mut Process {
-    spec.process_mut().get_or_insert_with(Process::default)
+    spec.process_mut().get_or_insert_with(|| {
+        let mut p: Process =
+            from_json("process", json!({"user": {"uid": 0, "gid": 0}, "cwd": "/"}))
+                .expect("minimal process");
+        p.set_args(None);
+        p
+    })
 }
 
 fn linux(spec: &mut Spec) -> &mut Linux {
-    spec.linux_mut().get_or_insert_with(Linux::default)
+    spec.linux_mut().get_or_insert_with(empty)
 }
 
 fn oci_resources(spec: &mut Spec) -> &mut OciResources {
@@ -606,4 +618,378 @@ fn rlimits(spec: &mut Spec, adj: &[crate::api::PosixRlimit]) -> Result<(), Apply
     }
     p.set_rlimits(Some(list));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ApplyOptions, Spec, apply_adjustment, from_json, linux, process};
+    use crate::api::*;
+    use oci_spec::runtime::LinuxSchedulerFlag as OciFlag;
+    use serde_json::json;
+
+    fn bare() -> Spec {
+        serde_json::from_value(json!({"ociVersion": "1.2.0"})).unwrap()
+    }
+
+    fn base_spec() -> Spec {
+        let mut spec = bare();
+        let p = process(&mut spec);
+        p.set_env(Some(vec![
+            "PATH=/bin".into(),
+            "DROP=1".into(),
+            "KEEP=1".into(),
+        ]));
+        p.set_args(Some(vec!["sleep".into(), "1".into()]));
+        spec.set_mounts(Some(vec![
+            from_json(
+                "m",
+                json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            )
+            .unwrap(),
+            from_json(
+                "m",
+                json!({"destination": "/old", "type": "bind", "source": "/x"}),
+            )
+            .unwrap(),
+        ]));
+        spec.set_annotations(Some([("gone".to_string(), "1".to_string())].into()));
+        spec
+    }
+
+    #[test]
+    fn applies_every_kind_of_adjustment() {
+        let mut spec = base_spec();
+        let adj = ContainerAdjustment {
+            annotations: [
+                ("new".to_string(), "v".to_string()),
+                ("-gone".to_string(), String::new()),
+            ]
+            .into(),
+            env: vec![
+                KeyValue::new("KEEP", "2"),
+                KeyValue::new("-DROP", ""),
+                KeyValue::new("ADDED", "3"),
+            ],
+            mounts: vec![
+                Mount {
+                    destination: "-/old".into(),
+                    ..Default::default()
+                },
+                Mount {
+                    destination: "/data/sub".into(),
+                    r#type: "bind".into(),
+                    source: "/s".into(),
+                    options: vec!["rbind".into(), "rslave".into()],
+                },
+                Mount {
+                    destination: "/data".into(),
+                    r#type: "bind".into(),
+                    source: "/d".into(),
+                    options: vec!["rbind".into()],
+                },
+            ],
+            hooks: Some(Hooks {
+                prestart: vec![Hook {
+                    path: "/bin/hook".into(),
+                    args: vec!["hook".into()],
+                    ..Default::default()
+                }],
+                poststop: vec![Hook {
+                    path: "/bin/after".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            rlimits: vec![PosixRlimit {
+                r#type: "RLIMIT_NOFILE".into(),
+                hard: 1024,
+                soft: 512,
+            }],
+            args: vec!["true".into()],
+            linux: Some(LinuxContainerAdjustment {
+                devices: vec![LinuxDevice {
+                    path: "/dev/fuse".into(),
+                    r#type: "c".into(),
+                    major: 10,
+                    minor: 229,
+                    file_mode: Some(OptionalFileMode { value: 0o666 }),
+                    ..Default::default()
+                }],
+                resources: Some(LinuxResources {
+                    memory: Some(LinuxMemory {
+                        limit: Some(OptionalInt64 { value: 100 << 20 }),
+                        reservation: Some(OptionalInt64 { value: 50 << 20 }),
+                        ..Default::default()
+                    }),
+                    cpu: Some(LinuxCpu {
+                        shares: Some(OptionalUInt64 { value: 256 }),
+                        quota: Some(OptionalInt64 { value: 50000 }),
+                        period: Some(OptionalUInt64 { value: 100000 }),
+                        cpus: "0-1".into(),
+                        mems: "0".into(),
+                        ..Default::default()
+                    }),
+                    hugepage_limits: vec![HugepageLimit {
+                        page_size: "2MB".into(),
+                        limit: 4 << 20,
+                    }],
+                    unified: [("memory.high".to_string(), "max".to_string())].into(),
+                    pids: Some(LinuxPids { limit: 100 }),
+                    rdt_class: Some(OptionalString {
+                        value: "gold".into(),
+                    }),
+                    ..Default::default()
+                }),
+                cgroups_path: "/nri/c1".into(),
+                oom_score_adj: Some(OptionalInt { value: 500 }),
+                io_priority: Some(LinuxIoPriority {
+                    class: IoPrioClass::IoprioClassBe as i32,
+                    priority: 4,
+                }),
+                seccomp_policy: Some(LinuxSeccomp {
+                    default_action: "SCMP_ACT_ERRNO".into(),
+                    architectures: vec!["SCMP_ARCH_X86_64".into()],
+                    syscalls: vec![LinuxSyscall {
+                        names: vec!["read".into()],
+                        action: "SCMP_ACT_ALLOW".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                namespaces: vec![LinuxNamespace {
+                    r#type: "network".into(),
+                    path: "/var/run/netns/x".into(),
+                }],
+                sysctl: [("net.ipv4.ip_forward".to_string(), "1".to_string())].into(),
+                scheduler: Some(LinuxScheduler {
+                    policy: LinuxSchedulerPolicy::SchedBatch as i32,
+                    nice: 5,
+                    flags: vec![LinuxSchedulerFlag::SchedFlagResetOnFork as i32],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        apply_adjustment(&mut spec, &adj, ApplyOptions::default()).unwrap();
+
+        let ann = spec.annotations().as_ref().unwrap();
+        assert_eq!(ann.get("new").map(String::as_str), Some("v"));
+        assert!(!ann.contains_key("gone"));
+        let p = spec.process().as_ref().unwrap();
+        assert_eq!(
+            p.env().as_ref().unwrap(),
+            &["PATH=/bin", "KEEP=2", "ADDED=3"]
+        );
+        assert_eq!(p.args().as_ref().unwrap(), &["true"]);
+        assert_eq!(p.oom_score_adj(), Some(500));
+        assert_eq!(p.rlimits().as_ref().unwrap()[0].hard(), 1024);
+        assert!(p.io_priority().is_some());
+        let sched = p.scheduler().as_ref().unwrap();
+        assert_eq!(
+            sched.flags().as_ref().unwrap(),
+            &[OciFlag::SchedResetOnFork]
+        );
+        let dests: Vec<_> = spec
+            .mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| m.destination().to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            dests,
+            ["/data", "/proc", "/data/sub"],
+            "sorted by depth, /old removed"
+        );
+        let hooks = spec.hooks().as_ref().unwrap();
+        #[allow(deprecated)]
+        let pre = hooks.prestart().as_ref().unwrap();
+        assert_eq!(pre[0].path().to_str(), Some("/bin/hook"));
+        assert_eq!(hooks.poststop().as_ref().unwrap().len(), 1);
+        let l = spec.linux().as_ref().unwrap();
+        assert_eq!(l.rootfs_propagation().as_deref(), Some("rslave"));
+        assert_eq!(l.cgroups_path().as_ref().unwrap().to_str(), Some("/nri/c1"));
+        assert_eq!(
+            l.devices().as_ref().unwrap()[0].path().to_str(),
+            Some("/dev/fuse")
+        );
+        let r = l.resources().as_ref().unwrap();
+        let rule = r.devices().as_ref().unwrap()[0].clone();
+        assert_eq!(
+            (
+                rule.allow(),
+                rule.major(),
+                rule.minor(),
+                rule.access().as_deref()
+            ),
+            (true, Some(10), Some(229), Some("rw"))
+        );
+        let m = r.memory().unwrap();
+        assert_eq!(
+            (m.limit(), m.swap(), m.reservation()),
+            (Some(100 << 20), Some(100 << 20), Some(50 << 20))
+        );
+        let c = r.cpu().as_ref().unwrap();
+        assert_eq!(
+            (c.shares(), c.quota(), c.period()),
+            (Some(256), Some(50000), Some(100000))
+        );
+        assert_eq!(
+            (c.cpus().as_deref(), c.mems().as_deref()),
+            (Some("0-1"), Some("0"))
+        );
+        assert_eq!(r.hugepage_limits().as_ref().unwrap()[0].limit(), 4 << 20);
+        assert_eq!(r.unified().as_ref().unwrap()["memory.high"], "max");
+        assert_eq!(r.pids().unwrap().limit(), 100);
+        assert_eq!(
+            l.intel_rdt().as_ref().unwrap().clos_id().as_deref(),
+            Some("gold")
+        );
+        assert!(l.seccomp().is_some());
+        assert_eq!(
+            l.namespaces().as_ref().unwrap()[0]
+                .path()
+                .as_ref()
+                .unwrap()
+                .to_str(),
+            Some("/var/run/netns/x")
+        );
+        assert_eq!(l.sysctl().as_ref().unwrap()["net.ipv4.ip_forward"], "1");
+    }
+
+    #[test]
+    fn namespace_removal_and_replacement() {
+        let mut spec = bare();
+        let list = linux(&mut spec)
+            .namespaces_mut()
+            .get_or_insert_with(Vec::new);
+        list.push(from_json("n", json!({"type": "network", "path": "/a"})).unwrap());
+        list.push(from_json("n", json!({"type": "ipc"})).unwrap());
+        let adj = ContainerAdjustment {
+            linux: Some(LinuxContainerAdjustment {
+                namespaces: vec![
+                    LinuxNamespace {
+                        r#type: "network".into(),
+                        path: "/b".into(),
+                    },
+                    LinuxNamespace {
+                        r#type: "-ipc".into(),
+                        path: String::new(),
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        apply_adjustment(&mut spec, &adj, ApplyOptions::default()).unwrap();
+        let ns = spec
+            .linux()
+            .as_ref()
+            .unwrap()
+            .namespaces()
+            .as_ref()
+            .unwrap();
+        assert_eq!(ns.len(), 1);
+        assert_eq!(ns[0].path().as_ref().unwrap().to_str(), Some("/b"));
+    }
+
+    #[test]
+    fn what_needs_the_runtime_is_an_error_without_it_and_resolved_with_it() {
+        let cdi = ContainerAdjustment {
+            cdi_devices: vec![CdiDevice {
+                name: "vendor.com/gpu=0".into(),
+            }],
+            ..Default::default()
+        };
+        let e = apply_adjustment(&mut bare(), &cdi, ApplyOptions::default()).unwrap_err();
+        assert_eq!(e.field, "cdi_devices");
+        let inject = |s: &mut Spec, names: &[String]| {
+            s.set_annotations(Some([("cdi".to_string(), names.join(","))].into()));
+            Ok(())
+        };
+        let mut spec = bare();
+        apply_adjustment(
+            &mut spec,
+            &cdi,
+            ApplyOptions {
+                inject_cdi_devices: Some(&inject),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            spec.annotations().as_ref().unwrap()["cdi"],
+            "vendor.com/gpu=0"
+        );
+
+        let bio = ContainerAdjustment {
+            linux: Some(LinuxContainerAdjustment {
+                resources: Some(LinuxResources {
+                    blockio_class: Some(OptionalString {
+                        value: "slow".into(),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = apply_adjustment(&mut bare(), &bio, ApplyOptions::default()).unwrap_err();
+        assert_eq!(e.field, "linux.resources.blockio_class");
+
+        let bad = ContainerAdjustment {
+            linux: Some(LinuxContainerAdjustment {
+                seccomp_policy: Some(LinuxSeccomp {
+                    default_action: "SCMP_ACT_BOGUS".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = apply_adjustment(&mut bare(), &bad, ApplyOptions::default()).unwrap_err();
+        assert_eq!(e.field, "linux.seccomp_policy");
+    }
+
+    #[test]
+    fn explicit_swap_is_kept_and_rlimits_replace() {
+        let mut spec = bare();
+        process(&mut spec).set_rlimits(Some(vec![
+            from_json("r", json!({"type": "RLIMIT_NOFILE", "hard": 1, "soft": 1})).unwrap(),
+        ]));
+        let adj = ContainerAdjustment {
+            rlimits: vec![PosixRlimit {
+                r#type: "RLIMIT_NOFILE".into(),
+                hard: 9,
+                soft: 8,
+            }],
+            linux: Some(LinuxContainerAdjustment {
+                resources: Some(LinuxResources {
+                    memory: Some(LinuxMemory {
+                        limit: Some(OptionalInt64 { value: 10 }),
+                        swap: Some(OptionalInt64 { value: 20 }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        apply_adjustment(&mut spec, &adj, ApplyOptions::default()).unwrap();
+        let m = spec
+            .linux()
+            .as_ref()
+            .unwrap()
+            .resources()
+            .as_ref()
+            .unwrap()
+            .memory()
+            .unwrap();
+        assert_eq!((m.limit(), m.swap()), (Some(10), Some(20)));
+        let rl = spec.process().as_ref().unwrap().rlimits().clone().unwrap();
+        assert_eq!(rl.len(), 1);
+        assert_eq!(rl[0].hard(), 9);
+    }
 }
