@@ -122,7 +122,7 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
 pub fn format_go_duration(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
-    } else if d.as_nanos() % 1_000_000 == 0 {
+    } else if d.as_nanos().is_multiple_of(1_000_000) {
         format!("{}ms", d.as_millis())
     } else {
         format!("{}ns", d.as_nanos())
@@ -201,8 +201,10 @@ mod tests {
         assert!(c.nri.disable_connections);
         assert_eq!(c.nri.plugin_path, PathBuf::from(DEFAULT_PLUGIN_PATH));
 
-        let mut zero = Config::default();
-        zero.plugin_request_timeout = Duration::ZERO;
+        let zero = Config {
+            plugin_request_timeout: Duration::ZERO,
+            ..Config::default()
+        };
         assert!(
             zero.validate()
                 .unwrap_err()

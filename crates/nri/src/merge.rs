@@ -56,15 +56,14 @@ fn merge_memory(
     plugin: &str,
     from: &LinuxMemory,
     into: &mut LinuxMemory,
-    reply: Option<&mut LinuxMemory>,
+    mut reply: Option<&mut LinuxMemory>,
 ) -> Result<(), Conflict> {
-    let mut reply = reply;
     macro_rules! field {
         ($f:ident, $field:expr) => {
             if let Some(v) = &from.$f {
                 owners.claim(id, $field, plugin)?;
                 into.$f = Some(v.clone());
-                if let Some(r) = reply.as_deref_mut() {
+                if let Some(r) = reply.as_mut() {
                     r.$f = Some(v.clone());
                 }
             }
@@ -88,15 +87,14 @@ fn merge_cpu(
     plugin: &str,
     from: &LinuxCpu,
     into: &mut LinuxCpu,
-    reply: Option<&mut LinuxCpu>,
+    mut reply: Option<&mut LinuxCpu>,
 ) -> Result<(), Conflict> {
-    let mut reply = reply;
     macro_rules! field {
         ($f:ident, $field:expr) => {
             if let Some(v) = &from.$f {
                 owners.claim(id, $field, plugin)?;
                 into.$f = Some(v.clone());
-                if let Some(r) = reply.as_deref_mut() {
+                if let Some(r) = reply.as_mut() {
                     r.$f = Some(v.clone());
                 }
             }
@@ -110,14 +108,14 @@ fn merge_cpu(
     if !from.cpus.is_empty() {
         owners.claim(id, Field::CpuSetCpUs, plugin)?;
         into.cpus = from.cpus.clone();
-        if let Some(r) = reply.as_deref_mut() {
+        if let Some(r) = reply.as_mut() {
             r.cpus = from.cpus.clone();
         }
     }
     if !from.mems.is_empty() {
         owners.claim(id, Field::CpuSetMems, plugin)?;
         into.mems = from.mems.clone();
-        if let Some(r) = reply.as_deref_mut() {
+        if let Some(r) = reply.as_mut() {
             r.mems = from.mems.clone();
         }
     }

@@ -109,6 +109,9 @@ struct Inner {
     listener: Mutex<Option<(tokio::task::JoinHandle<()>, PathBuf)>>,
 }
 
+/// The registered plugins in invocation order (cheap to clone).
+type PluginList = Arc<[Arc<Plugin>]>;
+
 /// The NRI adaptation of one runtime. Clones share it.
 #[derive(Clone)]
 pub struct Nri {
@@ -228,7 +231,8 @@ impl Nri {
         let plugins = inner.current();
         let timeout = inner.config.plugin_request_timeout;
         let mut calls = tokio::task::JoinSet::new();
-        for p in plugins.iter().cloned() {
+        for p in plugins.iter() {
+            let p = p.clone();
             calls.spawn(async move {
                 let _: Result<Empty, _> = p.call("Shutdown", &Empty {}, timeout).await;
                 p.stop();
@@ -607,10 +611,10 @@ impl Nri {
         if !inner.needs_removal(&c.id) {
             return Ok(());
         }
-        if inner.needs_stopping(&c.id) {
-            if let Err(e) = inner.stop_container(&plugins, pod.clone(), c.clone()).await {
-                tracing::warn!(container = %c.id, "NRI StopContainer before removal: {e}");
-            }
+        if inner.needs_stopping(&c.id)
+            && let Err(e) = inner.stop_container(&plugins, pod.clone(), c.clone()).await
+        {
+            tracing::warn!(container = %c.id, "NRI StopContainer before removal: {e}");
         }
         let r = RemoveContainerRequest {
             pod: Some(pod.clone()),
@@ -631,7 +635,7 @@ impl Nri {
     }
 
     /// The plugins, if any is registered (the cheap no-op check).
-    fn active(&self) -> Option<(&Arc<Inner>, Arc<[Arc<Plugin>]>)> {
+    fn active(&self) -> Option<(&Arc<Inner>, PluginList)> {
         let inner = self.inner.as_ref()?;
         let plugins = inner.current();
         (!plugins.is_empty()).then_some((inner, plugins))

@@ -3,9 +3,7 @@
 //! the same request. A plugin that removed an entry owns its removal: only
 //! that plugin may set the entry again.
 
-use crate::api::{
-    CompoundFieldOwners, Field, FieldOwners, OwningPlugins, mark_for_removal, removal_target,
-};
+use crate::api::{Field, FieldOwners, OwningPlugins, mark_for_removal, removal_target};
 
 /// Two plugins tried to set the same thing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,11 +60,7 @@ impl Owners {
         key: &str,
         plugin: &str,
     ) -> Result<(), Conflict> {
-        let m = self
-            .of(id)
-            .compound
-            .entry(field as i32)
-            .or_insert_with(CompoundFieldOwners::default);
+        let m = self.of(id).compound.entry(field as i32).or_default();
         if let Some(other) = m.owners.get(key) {
             match removal_target(other) {
                 Some(clearer) if clearer == plugin => {}

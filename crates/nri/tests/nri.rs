@@ -707,22 +707,17 @@ async fn no_container_is_missed_while_a_plugin_synchronizes() {
         pod: pod("p1"),
         ready: true,
     });
-    let socket = env.socket.clone();
-    let late = tokio::spawn(async move {
-        let b = Behaviour {
-            sync_delay: Duration::from_millis(400),
-            ..Default::default()
-        };
-        TestPlugin::connect(&socket, "late", "10", b).await.unwrap()
-    });
-    // wait until the late plugin is inside Synchronize
-    let deadline = Instant::now() + WAIT;
-    while env.nri.plugins().is_empty() && Instant::now() < deadline {
-        if !backend.pods.lock().unwrap().is_empty() {}
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        break;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Synchronize takes 400 ms in this plugin; it is recorded on arrival.
+    let b = Behaviour {
+        sync_delay: Duration::from_millis(400),
+        ..Default::default()
+    };
+    let late = TestPlugin::connect(&env.socket, "late", "10", b)
+        .await
+        .unwrap();
+    late.wait_for(WAIT, |r| r.iter().any(|x| x.method == "Synchronize"))
+        .await
+        .unwrap();
     // A CreateContainer racing the synchronization: its block waits for it.
     let t = Instant::now();
     let block = env.nri.block_plugin_sync().await;
@@ -734,7 +729,6 @@ async fn no_container_is_missed_while_a_plugin_synchronizes() {
         .unwrap();
     backend.containers.lock().unwrap().push(c);
     drop(block);
-    let late = late.await.unwrap();
     let sync = late.wait_synchronized(WAIT).await.unwrap();
     let in_sync = sync.containers.iter().any(|c| c.id == "c-during");
     let as_event = late
