@@ -2,10 +2,12 @@
 
 mod api_version;
 mod cli;
+mod clock;
 mod config;
 mod containers;
 mod daemon;
 mod idle;
+mod ids;
 mod pods;
 mod server;
 mod services;

@@ -155,12 +155,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 fn new_exec_id() -> Result<String, BackendError> {
-    use std::io::Read;
-    let mut b = [0u8; 12];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| BackendError::Failed(format!("random exec id: {e}")))?;
-    Ok(hex::encode(b))
+    crate::ids::new_exec_id().map_err(|e| BackendError::Failed(format!("random exec id: {e}")))
 }
 
 async fn exec(state_dir: PathBuf, req: ExecRequest, mut io: StreamIo) -> Result<i32, BackendError> {

@@ -29,6 +29,7 @@ use tokio::sync::broadcast;
 use tonic::Status;
 use tracing::{debug, info, warn};
 
+use crate::clock::now_ns;
 use crate::config::Config;
 use crate::daemon::Daemon;
 use crate::pods::{PodRecord, PodState};
@@ -481,22 +482,6 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.map_err(internal)?
 }
 
-pub fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
-fn new_id() -> Result<String, Status> {
-    use std::io::Read;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(internal)?;
-    Ok(hex::encode(bytes))
-}
-
 /// `config.log_path`: relative, no `..`, no NUL.
 fn check_log_path(p: &str) -> Result<(), Status> {
     let bad = |why: &str| {
@@ -617,7 +602,7 @@ pub async fn create(
     let cs = &daemon.containers;
     let key: NameKey = (pod.id.clone(), md.name.clone(), md.attempt);
     cs.reserve(key.clone())?;
-    let id = match new_id() {
+    let id = match crate::ids::new_id().map_err(internal) {
         Ok(id) => id,
         Err(e) => {
             cs.release_name(&key);

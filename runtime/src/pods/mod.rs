@@ -40,8 +40,10 @@ use crust_store::Store;
 use serde_json::{Value, json};
 use tracing::{debug, error, info, warn};
 
+use crate::clock::now_ns;
 use crate::config::Config;
 use crate::daemon::Daemon;
+use crate::ids::{is_id as is_pod_id, new_id};
 
 pub use error::PodError;
 pub use record::{NamespacePaths, NetworkRecord, PodMetadata, PodRecord, PodState};
@@ -964,40 +966,4 @@ where
         .join()
         .unwrap_or_else(|_| Err(PodError::Internal("recovery thread panicked".into())))
     })
-}
-
-/// A new sandbox ID: 32 random bytes as 64 hex characters.
-fn new_id() -> std::io::Result<String> {
-    use std::io::Read;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(hex::encode(bytes))
-}
-
-fn is_pod_id(s: &str) -> bool {
-    s.len() == 64
-        && s.bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-}
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_64_lowercase_hex_and_differ() {
-        let a = new_id().unwrap();
-        let b = new_id().unwrap();
-        assert!(is_pod_id(&a) && is_pod_id(&b), "{a} {b}");
-        assert_ne!(a, b);
-        assert!(!is_pod_id("abc"));
-        assert!(!is_pod_id(&"G".repeat(64)));
-    }
 }

@@ -1,25 +1,15 @@
 //! Container RPCs: translation only; the work is in `crate::containers`.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::Path;
 
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, ResponseStream, internal};
+use super::{Cri, ResponseStream, detached, internal};
+use crate::clock::now_ns;
 use crate::containers::record::ImageRequest;
-use crate::containers::{
-    self, ContainerRecord, ContainerState as CState, CpuSample, EventKind, now_ns,
-};
-
-/// Runs a container operation as its own task, so that a client going away
-/// mid-call cannot cut it off halfway.
-async fn detached<T: Send + 'static>(
-    op: impl Future<Output = Result<T, Status>> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::spawn(op).await.map_err(internal)?
-}
+use crate::containers::{self, ContainerRecord, ContainerState as CState, CpuSample, EventKind};
 
 fn map(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
@@ -121,11 +111,10 @@ impl Cri {
         req: Request<CreateContainerRequest>,
     ) -> Result<Response<CreateContainerResponse>, Status> {
         let req = req.into_inner();
-        let id = detached(containers::create(
-            self.daemon.clone(),
-            req.pod_sandbox_id,
-            req.config,
-        ))
+        let id = detached(
+            containers::create(self.daemon.clone(), req.pod_sandbox_id, req.config),
+            |s| s,
+        )
         .await?;
         Ok(Response::new(CreateContainerResponse { container_id: id }))
     }
@@ -135,7 +124,7 @@ impl Cri {
         req: Request<StartContainerRequest>,
     ) -> Result<Response<StartContainerResponse>, Status> {
         let id = req.into_inner().container_id;
-        detached(containers::start(self.daemon.clone(), id)).await?;
+        detached(containers::start(self.daemon.clone(), id), |s| s).await?;
         Ok(Response::new(StartContainerResponse {}))
     }
 
@@ -144,11 +133,10 @@ impl Cri {
         req: Request<StopContainerRequest>,
     ) -> Result<Response<StopContainerResponse>, Status> {
         let req = req.into_inner();
-        detached(containers::stop(
-            self.daemon.clone(),
-            req.container_id,
-            req.timeout,
-        ))
+        detached(
+            containers::stop(self.daemon.clone(), req.container_id, req.timeout),
+            |s| s,
+        )
         .await?;
         Ok(Response::new(StopContainerResponse {}))
     }
@@ -158,7 +146,7 @@ impl Cri {
         req: Request<RemoveContainerRequest>,
     ) -> Result<Response<RemoveContainerResponse>, Status> {
         let id = req.into_inner().container_id;
-        detached(containers::remove(self.daemon.clone(), id)).await?;
+        detached(containers::remove(self.daemon.clone(), id), |s| s).await?;
         Ok(Response::new(RemoveContainerResponse {}))
     }
 
@@ -220,11 +208,10 @@ impl Cri {
         req: Request<UpdateContainerResourcesRequest>,
     ) -> Result<Response<UpdateContainerResourcesResponse>, Status> {
         let req = req.into_inner();
-        detached(containers::update(
-            self.daemon.clone(),
-            req.container_id,
-            req.linux,
-        ))
+        detached(
+            containers::update(self.daemon.clone(), req.container_id, req.linux),
+            |s| s,
+        )
         .await?;
         Ok(Response::new(UpdateContainerResourcesResponse {}))
     }

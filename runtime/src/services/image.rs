@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use crust_api::v1::image_service_server::ImageService;
 use crust_api::v1::*;
@@ -25,6 +25,7 @@ use tonic::{Code, Request, Response, Status};
 use tracing::{info, warn};
 
 use super::{Cri, ResponseStream};
+use crate::clock::now_ns;
 use crate::daemon::containers_dir;
 
 #[tonic::async_trait]
@@ -309,13 +310,6 @@ fn fs_usage(mountpoint: &Path, usage: FsUsage, timestamp: i64) -> FilesystemUsag
             value: usage.inodes,
         }),
     }
-}
-
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod pod;
 mod runtime;
 mod stream;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -60,6 +61,15 @@ macro_rules! not_yet {
     };
 }
 pub(crate) use not_yet;
+
+/// Runs a lifecycle operation as its own task, so that a client going away
+/// mid-call (the RPC future is dropped) cannot cut it off halfway.
+async fn detached<T: Send + 'static, E: Send + 'static>(
+    op: impl Future<Output = Result<T, E>> + Send + 'static,
+    status: impl FnOnce(E) -> Status,
+) -> Result<T, Status> {
+    tokio::spawn(op).await.map_err(internal)?.map_err(status)
+}
 
 /// Store failures are the daemon's problem, not the caller's.
 fn internal(e: impl std::fmt::Display) -> Status {

@@ -3,12 +3,12 @@
 //! `crate::pods`.
 
 use std::collections::HashMap;
-use std::future::Future;
 
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, internal};
+use super::{Cri, detached};
+use crate::clock::now_ns;
 use crate::pods::{self, ListFilter, PodError, PodRecord, PodSpec, PodState};
 
 impl Cri {
@@ -18,7 +18,7 @@ impl Cri {
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
         let handlers: Vec<String> = self.daemon.containers.handlers.keys().cloned().collect();
         let spec = PodSpec::from_request_with(req.into_inner(), &handlers).map_err(pod_status)?;
-        let id = detached(pods::run(self.daemon.clone(), spec)).await?;
+        let id = detached(pods::run(self.daemon.clone(), spec), pod_status).await?;
         Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
     }
 
@@ -27,7 +27,7 @@ impl Cri {
         req: Request<StopPodSandboxRequest>,
     ) -> Result<Response<StopPodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
-        detached(pods::stop(self.daemon.clone(), id)).await?;
+        detached(pods::stop(self.daemon.clone(), id), pod_status).await?;
         Ok(Response::new(StopPodSandboxResponse {}))
     }
 
@@ -36,7 +36,7 @@ impl Cri {
         req: Request<RemovePodSandboxRequest>,
     ) -> Result<Response<RemovePodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
-        detached(pods::remove(self.daemon.clone(), id)).await?;
+        detached(pods::remove(self.daemon.clone(), id), pod_status).await?;
         Ok(Response::new(RemovePodSandboxResponse {}))
     }
 
@@ -104,17 +104,6 @@ impl Cri {
     }
 }
 
-/// Runs a pod operation as its own task, so that a client going away
-/// mid-call (the RPC future is dropped) cannot cut it off halfway.
-async fn detached<T: Send + 'static>(
-    op: impl Future<Output = Result<T, PodError>> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::spawn(op)
-        .await
-        .map_err(internal)?
-        .map_err(pod_status)
-}
-
 pub(super) fn pod_status(e: PodError) -> Status {
     match e {
         PodError::InvalidArgument(m) => Status::invalid_argument(m),
@@ -176,11 +165,4 @@ fn state_of(rec: &PodRecord) -> PodSandboxState {
 
 fn map(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
