@@ -22,12 +22,10 @@ use crust_streaming::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tonic::Code;
 use tracing::{debug, warn};
 
-use crate::containers::ContainerState;
-use crate::daemon::Daemon;
-use crate::pods::PodState;
+use crate::containers::{ContainerError, ContainerState, Containers};
+use crate::pods::{PodError, PodState, Pods};
 
 /// How long an exec with a tty waits for the client's first terminal size
 /// before starting the process, so that the process sees its size at once.
@@ -37,29 +35,29 @@ const EVENT_BUFFER: usize = 64;
 /// Stdin chunks and resizes buffered towards the monitor.
 const INPUT_BUFFER: usize = 16;
 
-pub struct DaemonBackend {
-    daemon: Weak<Daemon>,
+pub struct StreamingBackend {
+    pods: Weak<Pods>,
+    containers: Weak<Containers>,
 }
 
-impl DaemonBackend {
-    pub fn new(daemon: &Arc<Daemon>) -> DaemonBackend {
-        DaemonBackend {
-            daemon: Arc::downgrade(daemon),
-        }
-    }
+fn shutting_down() -> BackendError {
+    BackendError::Failed("the daemon is shutting down".into())
+}
 
-    fn daemon(&self) -> Result<Arc<Daemon>, BackendError> {
-        self.daemon
-            .upgrade()
-            .ok_or_else(|| BackendError::Failed("the daemon is shutting down".into()))
+impl StreamingBackend {
+    pub fn new(pods: &Arc<Pods>, containers: &Arc<Containers>) -> StreamingBackend {
+        StreamingBackend {
+            pods: Arc::downgrade(pods),
+            containers: Arc::downgrade(containers),
+        }
     }
 
     /// The state dir of a running container's monitor.
     fn running_container(&self, id: &str) -> Result<PathBuf, BackendError> {
-        let daemon = self.daemon()?;
-        let rec = daemon.containers.get(id).map_err(|s| match s.code() {
-            Code::NotFound => BackendError::NotFound(format!("container {id:?}")),
-            _ => BackendError::Failed(s.message().to_string()),
+        let containers = self.containers.upgrade().ok_or_else(shutting_down)?;
+        let rec = containers.get(id).map_err(|e| match e {
+            ContainerError::NotFound(_) => BackendError::NotFound(format!("container {id:?}")),
+            e => BackendError::Failed(e.to_string()),
         })?;
         if rec.state != ContainerState::Running {
             return Err(BackendError::Failed(format!(
@@ -71,7 +69,7 @@ impl DaemonBackend {
     }
 }
 
-impl Backend for DaemonBackend {
+impl Backend for StreamingBackend {
     fn exec(&self, req: ExecRequest, io: StreamIo) -> BoxFuture<'_, Result<i32, BackendError>> {
         Box::pin(async move {
             let state_dir = self.running_container(&req.container_id)?;
@@ -93,9 +91,9 @@ impl Backend for DaemonBackend {
         stream: BoxDuplex,
     ) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
-            let daemon = self.daemon()?;
-            let pod = daemon.pods.get(&pod_sandbox_id).map_err(|e| match e {
-                crate::pods::PodError::NotFound(_) => {
+            let pods = self.pods.upgrade().ok_or_else(shutting_down)?;
+            let pod = pods.get(&pod_sandbox_id).map_err(|e| match e {
+                PodError::NotFound(_) => {
                     BackendError::NotFound(format!("pod sandbox {pod_sandbox_id:?}"))
                 }
                 e => BackendError::Failed(e.to_string()),
@@ -106,7 +104,7 @@ impl Backend for DaemonBackend {
                     pod.id
                 )));
             }
-            drop(daemon);
+            drop(pods);
             let r = match pod.namespaces.net {
                 Some(netns) => crust_streaming::forward_in_netns(&netns, port, stream).await,
                 // A host-network pod's loopback is the host's.

@@ -26,7 +26,6 @@ use tracing::{info, warn};
 
 use super::{Cri, ResponseStream};
 use crate::clock::now_ns;
-use crate::daemon::containers_dir;
 
 #[tonic::async_trait]
 impl ImageService for Cri {
@@ -144,7 +143,7 @@ impl ImageService for Cri {
             .fs_usage()
             .await
             .map_err(|e| image_error("image filesystem usage", e))?;
-        let containers = containers_dir(config);
+        let containers = config.containers_dir();
         let dir = containers.clone();
         let writable =
             tokio::task::spawn_blocking(move || crust_image::usage::usage(&[dir.as_path()]))

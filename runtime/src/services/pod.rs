@@ -1,24 +1,25 @@
 //! Pod sandbox RPCs: RunPodSandbox, StopPodSandbox, RemovePodSandbox,
-//! PodSandboxStatus, ListPodSandbox. Translation only; the work is in
-//! `crate::pods`.
+//! PodSandboxStatus, ListPodSandbox. Translation only; life-cycle steps go
+//! through `crate::lifecycle`, reads to `crate::pods`.
 
 use std::collections::HashMap;
 
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, detached};
+use super::{Cri, detached, pod_error};
 use crate::clock::now_ns;
-use crate::pods::{self, ListFilter, PodError, PodRecord, PodSpec, PodState};
+use crate::pods::{ListFilter, PodRecord, PodSpec, PodState};
 
 impl Cri {
     pub(super) async fn run_pod_sandbox_impl(
         &self,
         req: Request<RunPodSandboxRequest>,
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
-        let handlers: Vec<String> = self.daemon.containers.handlers.keys().cloned().collect();
-        let spec = PodSpec::from_request_with(req.into_inner(), &handlers).map_err(pod_status)?;
-        let id = detached(pods::run(self.daemon.clone(), spec), pod_status).await?;
+        let handlers: Vec<String> = self.daemon.handlers.names().cloned().collect();
+        let spec = PodSpec::from_request_with(req.into_inner(), &handlers).map_err(pod_error)?;
+        let d = self.daemon.clone();
+        let id = detached(async move { d.lifecycle.run_pod(spec).await }, pod_error).await?;
         Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
     }
 
@@ -27,7 +28,8 @@ impl Cri {
         req: Request<StopPodSandboxRequest>,
     ) -> Result<Response<StopPodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
-        detached(pods::stop(self.daemon.clone(), id), pod_status).await?;
+        let d = self.daemon.clone();
+        detached(async move { d.lifecycle.stop_pod(&id).await }, pod_error).await?;
         Ok(Response::new(StopPodSandboxResponse {}))
     }
 
@@ -36,7 +38,8 @@ impl Cri {
         req: Request<RemovePodSandboxRequest>,
     ) -> Result<Response<RemovePodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
-        detached(pods::remove(self.daemon.clone(), id), pod_status).await?;
+        let d = self.daemon.clone();
+        detached(async move { d.lifecycle.remove_pod(&id).await }, pod_error).await?;
         Ok(Response::new(RemovePodSandboxResponse {}))
     }
 
@@ -49,10 +52,11 @@ impl Cri {
             .daemon
             .pods
             .get(&req.pod_sandbox_id)
-            .map_err(pod_status)?;
+            .map_err(pod_error)?;
         let mut info = HashMap::new();
         if req.verbose {
-            info.insert("info".to_string(), pods::verbose_info(&rec).to_string());
+            let v = self.daemon.pods.verbose_info(&rec);
+            info.insert("info".to_string(), v.to_string());
         }
         Ok(Response::new(PodSandboxStatusResponse {
             status: Some(sandbox_status(&rec)),
@@ -101,17 +105,6 @@ impl Cri {
             })
             .collect();
         Ok(Response::new(ListPodSandboxResponse { items }))
-    }
-}
-
-pub(super) fn pod_status(e: PodError) -> Status {
-    match e {
-        PodError::InvalidArgument(m) => Status::invalid_argument(m),
-        PodError::NotFound(m) => Status::not_found(m),
-        PodError::AlreadyExists(m) => Status::already_exists(m),
-        PodError::Unimplemented(m) => Status::unimplemented(m),
-        PodError::Unavailable(m) => Status::unavailable(m),
-        PodError::Internal(m) => Status::internal(m),
     }
 }
 
