@@ -8,7 +8,8 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
-use crust_shim::async_client::AsyncShim;
+use crust_shim::async_client::{AsyncShim, AttachReader, AttachWriter};
+use crust_shim::protocol::ExecStarted;
 use crust_shim::{Error, ExecRequest, ExecSyncOutput, ExitInfo, SpawnOptions};
 
 /// How long a plain request may take before the daemon gives up on the
@@ -39,9 +40,18 @@ impl Monitor {
         self.shim.pid()
     }
 
+    pub fn state_dir(&self) -> &Path {
+        self.shim.state_dir()
+    }
+
     /// The monitor process still runs (checked against pid reuse).
     pub fn is_alive(&self) -> bool {
         crust_shim::client::is_shim_of(self.shim.shim_pid(), self.shim.state_dir())
+    }
+
+    /// The exit record, if the process has exited.
+    pub fn exit_info(&self) -> io::Result<Option<ExitInfo>> {
+        exit_file(self.shim.state_dir())
     }
 
     /// SIGKILLs the monitor itself (last-resort cleanup: what it ran keeps
@@ -106,6 +116,18 @@ impl Monitor {
                 .await
             }
         }
+    }
+
+    /// Starts an exec session: its own monitor, to attach to.
+    pub async fn exec(&self, req: &ExecRequest) -> Result<(ExecStarted, Monitor), Error> {
+        let (started, shim) = timed(CALL_TIMEOUT, self.shim.exec(req)).await?;
+        Ok((started, Monitor { shim }))
+    }
+
+    /// Attaches to the process's stdio: output and exit on the reader,
+    /// stdin and resizes on the writer.
+    pub async fn attach(&self) -> Result<(AttachReader, AttachWriter), Error> {
+        timed(CALL_TIMEOUT, self.shim.attach()).await
     }
 }
 
