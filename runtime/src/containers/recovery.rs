@@ -136,12 +136,17 @@ impl Containers {
                 if !cs.refresh(&entry).state.is_live() {
                     return;
                 }
-                if let Err(e) = waited {
+                drop(cs);
+                match waited {
                     // The monitor is alive but the wait broke (e.g. the
                     // daemon ran out of descriptors): try again shortly.
-                    debug!(%id, "waiting for the container's exit: {e}");
-                    drop(cs);
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Err(e) => {
+                        debug!(%id, "waiting for the container's exit: {e}");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    // Exited, but no exit recorded yet: look again soon
+                    // rather than spin.
+                    Ok(()) => tokio::time::sleep(Duration::from_millis(10)).await,
                 }
             }
         });
