@@ -38,6 +38,15 @@ impl Handlers {
         Handlers { configs, features }
     }
 
+    /// Handlers given as they are (tests).
+    #[cfg(test)]
+    pub fn from_parts(
+        configs: BTreeMap<String, RuntimeConfig>,
+        features: BTreeMap<String, HandlerFeatures>,
+    ) -> Handlers {
+        Handlers { configs, features }
+    }
+
     /// How the monitor runs the handler `name`; None if there is none.
     pub fn get(&self, name: &str) -> Option<&RuntimeConfig> {
         self.configs.get(name)

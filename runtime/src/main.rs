@@ -23,6 +23,9 @@ mod stats;
 mod streaming_backend;
 mod tasks;
 
+#[cfg(test)]
+mod fakes;
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -59,21 +59,7 @@ impl CgroupStats {
         let cg = PodCgroup::new(self.hierarchy, Path::new(CGROUP_ROOT), path).ok()?;
         let st = cg.stats().ok()?;
         let usage = st.cpu.usage.usage_total;
-        let nano_cores = {
-            let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-            let prev = samples.insert(
-                key.to_string(),
-                CpuSample {
-                    at: now,
-                    usage_ns: usage,
-                },
-            );
-            prev.and_then(|p| {
-                let dt = now.saturating_sub(p.at);
-                (dt > 0 && usage >= p.usage_ns)
-                    .then(|| ((usage - p.usage_ns) as u128 * 1_000_000_000 / dt as u128) as u64)
-            })
-        };
+        let nano_cores = self.sample(key, now, usage);
         let m = &st.memory;
         let stat = |k: &str| m.stats.get(k).copied();
         let v2 = self.hierarchy.is_unified();
@@ -109,6 +95,29 @@ impl CgroupStats {
         })
     }
 
+    /// Records CPU usage `usage_ns` of `key` at `now`; returns the rate
+    /// since the previous sample (nanoseconds of CPU per second), if there
+    /// is one and time and usage went forward.
+    fn sample(&self, key: &str, now: i64, usage_ns: u64) -> Option<u64> {
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let prev = samples.insert(key.to_string(), CpuSample { at: now, usage_ns });
+        prev.and_then(|p| {
+            let dt = now.saturating_sub(p.at);
+            (dt > 0 && usage_ns >= p.usage_ns)
+                .then(|| ((usage_ns - p.usage_ns) as u128 * 1_000_000_000 / dt as u128) as u64)
+        })
+    }
+
+    #[cfg(test)]
+    pub fn record_sample(&self, key: &str, now: i64, usage_ns: u64) -> Option<u64> {
+        self.sample(key, now, usage_ns)
+    }
+
+    #[cfg(test)]
+    pub fn has_sample(&self, key: &str) -> bool {
+        self.samples.lock().unwrap().contains_key(key)
+    }
+
     /// Drops the sample of a removed pod or container.
     pub fn forget(&self, key: &str) {
         self.samples
@@ -127,4 +136,27 @@ pub fn container_cgroup(pod_cgroup: &Path, container_id: &str) -> std::path::Pat
 /// Blocking.
 pub fn disk_usage(dir: &Path) -> (u64, u64) {
     crust_linux::mounts::disk_usage(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_rate_comes_from_the_previous_sample() {
+        let stats = CgroupStats::new(Hierarchy::V1);
+        assert_eq!(stats.record_sample("c", 1_000_000_000, 5_000), None);
+        // Half a CPU over two seconds.
+        assert_eq!(
+            stats.record_sample("c", 3_000_000_000, 1_000_005_000),
+            Some(500_000_000)
+        );
+        // Samples are per key; a counter that went back (a new cgroup under
+        // the same name) or a clock that did not move gives no rate.
+        assert_eq!(stats.record_sample("d", 3_000_000_000, 1), None);
+        assert_eq!(stats.record_sample("c", 4_000_000_000, 7), None);
+        assert_eq!(stats.record_sample("c", 4_000_000_000, 9), None);
+        stats.forget("c");
+        assert!(!stats.has_sample("c") && stats.has_sample("d"));
+    }
 }

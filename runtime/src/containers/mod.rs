@@ -169,3 +169,6 @@ impl Containers {
         self.host.read_spec(&rec.bundle)
     }
 }
+
+#[cfg(test)]
+mod tests;

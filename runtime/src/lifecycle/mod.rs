@@ -136,3 +136,6 @@ impl Lifecycle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

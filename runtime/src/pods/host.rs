@@ -21,7 +21,7 @@ use crust_oci::RuntimeFacts;
 use serde_json::Value;
 
 use super::error::PodError;
-use super::record::{NamespacePaths, PodRecord};
+use super::record::PodRecord;
 use super::{files, pause};
 use crate::handlers::Handlers;
 use crate::launch::Launcher;
@@ -68,11 +68,7 @@ pub trait PodHost: Send + Sync + 'static {
     /// its inode, which containers bind-mount).
     fn write_file(&self, path: &Path, content: &str) -> Result<(), PodError>;
     /// Sysctls inside the pod's pinned namespaces.
-    fn apply_sysctls(
-        &self,
-        ns: &NamespacePaths,
-        sysctls: &[(String, String)],
-    ) -> Result<(), PodError>;
+    fn apply_sysctls(&self, rec: &PodRecord, sysctls: &[(String, String)]) -> Result<(), PodError>;
 
     async fn cni_add(
         &self,
@@ -222,11 +218,8 @@ impl PodHost for RealPodHost {
         files::write(path, content)
     }
 
-    fn apply_sysctls(
-        &self,
-        namespaces: &NamespacePaths,
-        sysctls: &[(String, String)],
-    ) -> Result<(), PodError> {
+    fn apply_sysctls(&self, rec: &PodRecord, sysctls: &[(String, String)]) -> Result<(), PodError> {
+        let namespaces = &rec.namespaces;
         let pinned = PinnedNamespaces {
             net: namespaces.net.clone(),
             ipc: namespaces.ipc.clone(),

@@ -410,7 +410,7 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
 /// /etc/hosts. Blocking.
 fn finish_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(), PodError> {
     if !spec.sysctls.is_empty() {
-        host.apply_sysctls(&rec.namespaces, &spec.sysctls)?;
+        host.apply_sysctls(rec, &spec.sysctls)?;
     }
     if let Some(net) = &rec.network {
         let ips: Vec<IpAddr> = net.ips.iter().filter_map(|ip| ip.parse().ok()).collect();

@@ -33,6 +33,8 @@ mod pause;
 mod record;
 mod recovery;
 mod spec;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
