@@ -182,6 +182,9 @@ impl Containers {
             })
             .await?
         };
+        // The spec is final from here on: adjustments from outside (NRI
+        // plugins' CreateContainer) would be applied to `built.spec` before
+        // the launch, handed down from `crate::lifecycle`.
         let pid = self
             .host
             .launch(Launch {

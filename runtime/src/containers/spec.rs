@@ -1,5 +1,8 @@
 //! The OCI spec of a new container (through `crust_oci`, from the request,
 //! the pod, the image and the node), and the OCI resources of an update.
+//! (Create's resources come from `crust_oci::container_spec`, an update's
+//! from [`update_resources`]: the two are to become one validated path,
+//! which UpdatePodSandboxResources will share.)
 
 use std::path::PathBuf;
 

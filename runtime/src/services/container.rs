@@ -6,12 +6,8 @@ use std::collections::HashMap;
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, container_error, detached};
+use super::{Cri, container_error, detached, map};
 use crate::containers::{ContainerRecord, ContainerState as CState, ImageRequest};
-
-pub(super) fn map(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
 
 fn state_of(s: CState) -> ContainerState {
     match s {

@@ -78,6 +78,13 @@ async fn detached<T: Send + 'static, E: Send + 'static>(
     tokio::spawn(op).await.map_err(internal)?.map_err(status)
 }
 
+/// Labels and annotations as CRI messages carry them.
+fn map(
+    m: &std::collections::BTreeMap<String, String>,
+) -> std::collections::HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
 /// A pod error as the gRPC status a client can act on.
 fn pod_error(e: PodError) -> Status {
     match e {

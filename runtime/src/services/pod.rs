@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, detached, pod_error};
+use super::{Cri, detached, map, pod_error};
 use crate::clock::now_ns;
 use crate::pods::{ListFilter, PodRecord, PodSpec, PodState};
 
@@ -154,8 +154,4 @@ fn state_of(rec: &PodRecord) -> PodSandboxState {
         PodState::Ready => PodSandboxState::SandboxReady,
         PodState::NotReady | PodState::Creating => PodSandboxState::SandboxNotready,
     }
-}
-
-fn map(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }

@@ -4,8 +4,8 @@
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::container::{labels_match, map, metadata};
-use super::{Cri, container_error, internal, pod_error};
+use super::container::{labels_match, metadata};
+use super::{Cri, container_error, internal, map, pod_error};
 use crate::clock::now_ns;
 use crate::containers::{ContainerRecord, ContainerState as CState};
 use crate::pods::{ListFilter, PodRecord, PodState};
