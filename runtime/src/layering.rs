@@ -6,15 +6,16 @@
 //! An edge A -> B is a `crate::B` path in a file of top-level module A (or
 //! a `super::b` path between sibling files of one directory module), in
 //! code outside comments and `#[cfg(test)]` modules. Test-only code
-//! (`fakes.rs`, `tests.rs`, this file) is left out: test rigs may reach
+//! (`fakes/`, `tests.rs`, this file) is left out: test rigs may reach
 //! everywhere. `cargo test -p crust-runtime layering -- --nocapture` prints
 //! the graph; `CRUST_LAYERING_SRC=DIR` checks another source tree.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Files that only build with `cfg(test)`.
-const TEST_ONLY: &[&str] = &["fakes.rs", "tests.rs", "layering.rs"];
+/// Modules and files that only build with `cfg(test)`.
+const TEST_ONLY_MODULES: &[&str] = &["fakes", "layering"];
+const TEST_ONLY_FILES: &[&str] = &["tests.rs"];
 
 /// Modules that may know of tonic: the gRPC layer, the server, its tower
 /// layers, and the CLI's client.
@@ -38,7 +39,7 @@ fn sources() -> Vec<Source> {
     walk(&root, &mut files);
     files
         .into_iter()
-        .filter(|p| !TEST_ONLY.contains(&p.file_name().unwrap().to_str().unwrap()))
+        .filter(|p| !TEST_ONLY_FILES.contains(&p.file_name().unwrap().to_str().unwrap()))
         .map(|p| {
             let rel = p.strip_prefix(&root).unwrap();
             let parts: Vec<String> = rel
@@ -61,6 +62,7 @@ fn sources() -> Vec<Source> {
                 code: code_of(&std::fs::read_to_string(&p).unwrap()),
             }
         })
+        .filter(|s| !TEST_ONLY_MODULES.contains(&s.top.as_str()))
         .collect()
 }
 
