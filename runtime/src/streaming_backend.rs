@@ -2,7 +2,7 @@
 //! exec and attach through the containers' monitors, port-forward into the
 //! pods' network namespaces.
 //!
-//! The monitor client (`crust_shim::client`) is blocking, so every exec or
+//! The monitor client (`crust_shim_protocol::blocking`) is blocking, so every exec or
 //! attach session bridges it with two threads: one reads the monitor's
 //! output frames and hands them to the async session, one writes stdin and
 //! resizes the session sends it. Dropping the session (the client went
@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crust_shim::{AttachEvent, ExitInfo, Shim};
+use crust_shim_protocol::blocking::Shim;
+use crust_shim_protocol::{AttachEvent, ExitInfo};
 use crust_streaming::{
     AttachRequest, Backend, BackendError, BoxDuplex, BoxFuture, ExecRequest, StreamIo, TerminalSize,
 };
@@ -139,9 +140,9 @@ async fn forward_on_host(port: u16, stream: BoxDuplex) -> std::io::Result<(u64, 
     crust_streaming::pipe(stream, tcp).await
 }
 
-fn shim_error(e: crust_shim::Error) -> BackendError {
+fn shim_error(e: crust_shim_protocol::Error) -> BackendError {
     match e {
-        crust_shim::Error::Gone => BackendError::Failed("the container is not running".into()),
+        crust_shim_protocol::Error::Gone => BackendError::Failed("the container is not running".into()),
         e => BackendError::Failed(e.to_string()),
     }
 }
@@ -173,7 +174,7 @@ async fn exec(state_dir: PathBuf, req: ExecRequest, mut io: StreamIo) -> Result<
             .ok()
             .flatten();
     }
-    let shim_req = crust_shim::ExecRequest {
+    let shim_req = crust_shim_protocol::ExecRequest {
         exec_id: new_exec_id()?,
         args: req.cmd,
         tty: req.tty,
@@ -266,7 +267,7 @@ impl Drop for ExecGuard {
 
 /// Removes `<container state dir>/exec/<id>` (and only such a dir).
 fn remove_session_dir(container_dir: &Path, session_dir: &Path) {
-    let parent = container_dir.join(crust_shim::protocol::EXEC_DIR);
+    let parent = container_dir.join(crust_shim_protocol::EXEC_DIR);
     if session_dir.parent() != Some(parent.as_path()) {
         warn!(dir = %session_dir.display(), "exec session dir outside the container's; left alone");
         return;
@@ -303,7 +304,7 @@ impl Drop for Bridge {
 }
 
 impl Bridge {
-    fn start(attach: crust_shim::Attach, stdin: bool, tty: bool) -> Result<Bridge, BackendError> {
+    fn start(attach: crust_shim_protocol::blocking::Attach, stdin: bool, tty: bool) -> Result<Bridge, BackendError> {
         let io_err = |e: std::io::Error| BackendError::Failed(format!("attach: {e}"));
         let mut writer = attach.try_clone().map_err(io_err)?;
         let mut reader = attach;

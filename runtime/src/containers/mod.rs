@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
 use crust_oci::{ErrorClass, ImageConfig, PodFacts, RuntimeFacts, SpecInput};
-use crust_shim::async_client::AsyncShim;
-use crust_shim::{ExecRequest, RuntimeConfig, Shim, ShimConfig, SpawnOptions};
+use crust_shim_protocol::Shim as AsyncShim;
+use crust_shim_protocol::blocking::Shim;
+use crust_shim_protocol::{ExecRequest, RuntimeConfig, ShimConfig, SpawnOptions};
 use crust_store::Store;
 use prost::Message;
 use tokio::sync::broadcast;
@@ -207,7 +208,7 @@ impl Containers {
         if !rec.state.is_live() {
             return rec;
         }
-        let exit = crust_shim::client::read_exit_file(&rec.state_dir)
+        let exit = crust_shim_protocol::read_exit_file(&rec.state_dir)
             .ok()
             .flatten();
         let changed = match exit {
@@ -451,18 +452,18 @@ pub fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
 
-fn shim_status(e: crust_shim::Error) -> Status {
-    use crust_shim::protocol::ErrorKind;
+fn shim_status(e: crust_shim_protocol::Error) -> Status {
+    use crust_shim_protocol::ErrorKind;
     match e {
-        crust_shim::Error::Shim {
+        crust_shim_protocol::Error::Shim {
             kind: ErrorKind::InvalidArgument,
             message,
         } => Status::invalid_argument(message),
-        crust_shim::Error::Shim {
+        crust_shim_protocol::Error::Shim {
             kind: ErrorKind::FailedPrecondition,
             message,
         } => Status::failed_precondition(message),
-        crust_shim::Error::Gone => Status::failed_precondition("the container is not running"),
+        crust_shim_protocol::Error::Gone => Status::failed_precondition("the container is not running"),
         e => Status::internal(e.to_string()),
     }
 }
@@ -1078,7 +1079,7 @@ pub async fn exec_sync(
     id: String,
     cmd: Vec<String>,
     timeout_s: i64,
-) -> Result<crust_shim::ExecSyncOutput, Status> {
+) -> Result<crust_shim_protocol::ExecSyncOutput, Status> {
     if cmd.is_empty() {
         return Err(Status::invalid_argument("cmd: required"));
     }

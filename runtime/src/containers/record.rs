@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crust_shim::{ExitInfo, RuntimeConfig};
+use crust_shim_protocol::{ExitInfo, RuntimeConfig};
 use crust_store::{Kind, Record};
 use serde::{Deserialize, Serialize};
 

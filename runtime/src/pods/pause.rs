@@ -36,7 +36,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crust_api::v1::NamespaceMode;
-use crust_shim::{RuntimeConfig, Shim, ShimConfig, SpawnOptions};
+use crust_shim_protocol::blocking::Shim;
+use crust_shim_protocol::{RuntimeConfig, ShimConfig, SpawnOptions};
 
 use super::{PodError, PodRecord};
 use crate::daemon::Daemon;
