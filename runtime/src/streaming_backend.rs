@@ -142,7 +142,9 @@ async fn forward_on_host(port: u16, stream: BoxDuplex) -> std::io::Result<(u64, 
 
 fn shim_error(e: crust_shim_protocol::Error) -> BackendError {
     match e {
-        crust_shim_protocol::Error::Gone => BackendError::Failed("the container is not running".into()),
+        crust_shim_protocol::Error::Gone => {
+            BackendError::Failed("the container is not running".into())
+        }
         e => BackendError::Failed(e.to_string()),
     }
 }
@@ -304,7 +306,11 @@ impl Drop for Bridge {
 }
 
 impl Bridge {
-    fn start(attach: crust_shim_protocol::blocking::Attach, stdin: bool, tty: bool) -> Result<Bridge, BackendError> {
+    fn start(
+        attach: crust_shim_protocol::blocking::Attach,
+        stdin: bool,
+        tty: bool,
+    ) -> Result<Bridge, BackendError> {
         let io_err = |e: std::io::Error| BackendError::Failed(format!("attach: {e}"));
         let mut writer = attach.try_clone().map_err(io_err)?;
         let mut reader = attach;

@@ -463,7 +463,9 @@ fn shim_status(e: crust_shim_protocol::Error) -> Status {
             kind: ErrorKind::FailedPrecondition,
             message,
         } => Status::failed_precondition(message),
-        crust_shim_protocol::Error::Gone => Status::failed_precondition("the container is not running"),
+        crust_shim_protocol::Error::Gone => {
+            Status::failed_precondition("the container is not running")
+        }
         e => Status::internal(e.to_string()),
     }
 }
