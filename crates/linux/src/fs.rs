@@ -295,6 +295,14 @@ pub fn sync_filesystem(fd: BorrowedFd<'_>) -> Result<()> {
     nix::unistd::syncfs(fd.as_raw_fd())
 }
 
+/// The major and minor numbers of a device number (`st_rdev`).
+pub fn device_numbers(rdev: u64) -> (u32, u32) {
+    (
+        nix::sys::stat::major(rdev) as u32,
+        nix::sys::stat::minor(rdev) as u32,
+    )
+}
+
 /// Whether this process runs with effective uid 0.
 pub fn running_as_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -369,6 +377,16 @@ mod tests {
         assert_eq!(root.kind(n("d")).unwrap_err(), Errno::ENOENT);
         assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
         sync_filesystem(root.reopen().unwrap().as_fd()).unwrap();
+    }
+
+    #[test]
+    fn device_numbers_split() {
+        let null = std::fs::metadata("/dev/null").unwrap().rdev();
+        assert_eq!(device_numbers(null), (1, 3));
+        assert_eq!(
+            device_numbers(nix::sys::stat::makedev(136, 70000)),
+            (136, 70000)
+        );
     }
 
     #[test]

@@ -365,6 +365,12 @@ pub fn hostname() -> Result<String, Error> {
     Ok(name.to_string_lossy().into_owned())
 }
 
+/// The running kernel's release (`uname -r`), e.g. `6.1.0-18-amd64`.
+pub fn kernel_release() -> Result<String, Error> {
+    let u = nix::sys::utsname::uname().map_err(Error::sys("uname"))?;
+    Ok(u.release().to_string_lossy().into_owned())
+}
+
 /// The namespaces a process joins to run inside a container, in joining
 /// order: the user namespace first (it owns the others), the mount
 /// namespace last (after it, host paths no longer resolve).
@@ -482,6 +488,14 @@ mod tests {
         let gone = ProcessNamespaces::open_differing(i32::MAX).unwrap_err();
         assert!(matches!(gone, Error::ProcessGone { .. }), "{gone}");
         assert!(!hostname().unwrap().is_empty());
+        assert!(
+            kernel_release()
+                .unwrap()
+                .chars()
+                .next()
+                .unwrap()
+                .is_ascii_digit()
+        );
     }
 
     #[test]
