@@ -189,18 +189,26 @@ struct Monitor {
 
 impl Monitor {
     fn run(&mut self) {
-        sys::trim_working_set();
+        // Start-up touched much that the loop never needs again.
+        let mut trim_now = true;
         loop {
             self.progress();
             if self.trim_at.is_some_and(|t| Instant::now() >= t) {
                 self.trim_at = None;
-                sys::trim_working_set();
+                trim_now = true;
             }
             if self.done() {
                 break;
             }
             let timeout = self.poll_timeout();
-            let ready = match self.poll_set().wait(timeout) {
+            let set = self.poll_set();
+            if trim_now {
+                // Right before the wait, so that what an idle monitor keeps
+                // mapped is the wait itself, not the round that led to it.
+                sys::trim_working_set();
+                trim_now = false;
+            }
+            let ready = match set.wait(timeout) {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("crust-shim: poll: {e}");
@@ -263,7 +271,12 @@ impl Monitor {
         match tok {
             Tok::Signal => self.on_child_signal(),
             Tok::CtlListen => self.ctl.accept(&mut self.ids),
-            Tok::AttachListen => self.attach.accept(&mut self.ids),
+            Tok::AttachListen => {
+                self.attach.accept(&mut self.ids);
+                // An attached client that then sits quiet is an idle
+                // monitor too.
+                self.trim_soon();
+            }
             Tok::Output(i) => self.read_output(i, false),
             Tok::Stdin => self.io.flush_stdin(),
             Tok::Ctl(id) => self.on_ctl(id, flags),
