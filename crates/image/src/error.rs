@@ -131,7 +131,7 @@ impl<T> IoContext<T> for std::io::Result<T> {
     }
 }
 
-impl<T> IoContext<T> for rustix::io::Result<T> {
+impl<T> IoContext<T> for crust_linux::fs::Result<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|errno| Error::io(context(), errno.into()))
     }
