@@ -15,6 +15,9 @@
 
 use std::fmt::{self, Write as _};
 
+#[cfg(feature = "testing")]
+pub mod testing;
+
 /// The most bytes of one untrusted value an error message shows.
 pub const MAX_QUOTED: usize = 256;
 
