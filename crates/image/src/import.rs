@@ -11,6 +11,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crust_quote::quote;
 use serde::Deserialize;
 
 use crate::content::ContentStore;
@@ -55,7 +56,10 @@ impl Staged {
                 None => break,
             }
         }
-        Err(Error::Archive(format!("{path:?} is not in the archive")))
+        Err(Error::Archive(format!(
+            "{} is not in the archive",
+            quote(&path)
+        )))
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use crust_quote::quote;
 use futures_util::StreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
@@ -612,7 +613,7 @@ async fn exchange_identity_token(ep: &Endpoint, repository: &str, refresh: &str)
         .and_then(parse_bearer_challenge)
         .ok_or_else(|| fail("an identity token needs a registry with token auth, and this one sent no Bearer challenge".to_string()))?;
     let realm = reqwest::Url::parse(&challenge.realm)
-        .map_err(|e| fail(format!("token realm {:?}: {e}", challenge.realm)))?;
+        .map_err(|e| fail(format!("token realm {}: {e}", quote(&challenge.realm))))?;
     check_realm(ep, &realm).map_err(fail)?;
     let scope = format!("repository:{repository}:pull");
     let mut form = vec![
