@@ -618,27 +618,60 @@ impl Unpacker<'_> {
 }
 
 /// Removes a directory tree fd-relatively, never following symlinks.
+///
+/// Iterative, one dir fd open at a time: a layer may build a tree 2048
+/// levels deep (PATH_MAX / "a/"), which a recursive walk turns into a stack
+/// overflow (an abort of the whole daemon) on a blocking thread's stack.
 fn remove_tree(parent: &OwnedFd, name: &OsStr) -> Result<()> {
-    let dir = rustix::fs::openat(parent, name, dir_flags(), Mode::empty())
-        .ctx(|| format!("opening {} to replace it", name.to_string_lossy()))?;
-    let mut children = Vec::new();
-    for entry in rustix::fs::Dir::read_from(&dir).ctx(|| "listing a directory".to_string())? {
+    let open = |at: &OwnedFd, name: &OsStr| {
+        rustix::fs::openat(at, name, dir_flags(), Mode::empty())
+            .ctx(|| format!("opening {} to replace it", name.to_string_lossy()))
+    };
+    // The names from `parent` down to `dir`.
+    let mut names = vec![name.to_os_string()];
+    let mut dir = open(parent, name)?;
+    loop {
+        match unlink_files_until_subdir(&dir)? {
+            Some(child) => {
+                dir = open(&dir, &child)?;
+                names.push(child);
+            }
+            None => {
+                let done = names.pop().expect("the tree's own name is last");
+                let up = if names.is_empty() {
+                    None
+                } else {
+                    // `..` of a dir reached without symlinks is its parent.
+                    Some(open(&dir, OsStr::new(".."))?)
+                };
+                let at = up.as_ref().unwrap_or(parent);
+                rustix::fs::unlinkat(at, &done, AtFlags::REMOVEDIR)
+                    .ctx(|| format!("removing {}", done.to_string_lossy()))?;
+                match up {
+                    Some(up) => dir = up,
+                    None => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Unlinks the non-directories in `dir` until it meets a subdirectory,
+/// whose name it returns; `None` when `dir` is now empty.
+fn unlink_files_until_subdir(dir: &OwnedFd) -> Result<Option<OsString>> {
+    for entry in rustix::fs::Dir::read_from(dir).ctx(|| "listing a directory".to_string())? {
         let entry = entry.ctx(|| "listing a directory".to_string())?;
         let child = OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
-        if child != "." && child != ".." {
-            children.push((child, entry.file_type() == FileType::Directory));
+        if child == "." || child == ".." {
+            continue;
         }
-    }
-    for (child, is_dir) in children {
-        if is_dir {
-            remove_tree(&dir, &child)?;
-        } else {
-            rustix::fs::unlinkat(&dir, &child, AtFlags::empty())
-                .ctx(|| format!("removing {}", child.to_string_lossy()))?;
+        if entry.file_type() == FileType::Directory {
+            return Ok(Some(child));
         }
+        rustix::fs::unlinkat(dir, &child, AtFlags::empty())
+            .ctx(|| format!("removing {}", child.to_string_lossy()))?;
     }
-    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
-        .ctx(|| format!("removing {}", name.to_string_lossy()))
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -945,6 +978,35 @@ mod tests {
         unpack(&f, &tar).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"original");
         assert_eq!(std::fs::read(f.layer.join("x")).unwrap(), b"replaced");
+    }
+
+    /// A tree as deep as a layer can make it (2048 levels), replaced by a
+    /// file, on a small stack: removing it must not recurse per level.
+    #[test]
+    fn replacing_a_very_deep_tree_does_not_overflow_the_stack() {
+        let f = fixture();
+        let deep = "d/".repeat(2047);
+        let mut layer = Layer::new();
+        layer.0.mode(tar::HeaderMode::Deterministic);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(1);
+        h.set_mode(0o644);
+        layer.0.append_data(&mut h, format!("{deep}f"), &b"x"[..]).unwrap();
+        let tar = layer.file("d", b"now a file").bytes();
+        let dest = f.layer.clone();
+        let result = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                unpack_layer(tar.as_slice(), &dest, "l", false, &AtomicBool::new(false))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        result.unwrap();
+        assert_eq!(std::fs::read(f.layer.join("d")).unwrap(), b"now a file");
     }
 
     #[test]
