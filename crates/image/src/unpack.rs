@@ -17,6 +17,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crust_quote::{quote, quote_bytes};
 use rustix::fs::Timespec;
 use rustix::fs::{AtFlags, CWD, FileType, Gid, Mode, OFlags, Timestamps, Uid, XattrFlags, makedev};
 use rustix::io::Errno;
@@ -273,8 +274,7 @@ impl Unpacker<'_> {
                 Error::Layer { reason, .. } => reason,
                 other => other.to_string(),
             };
-            let shown = String::from_utf8_lossy(&raw);
-            Error::layer(self.label, format!("entry {shown:?}: {reason}"))
+            Error::layer(self.label, format!("entry {}: {reason}", quote_bytes(&raw)))
         })
     }
 
@@ -351,9 +351,9 @@ impl Unpacker<'_> {
                 Ok(next) => next,
                 Err(Errno::NOENT) if create => {
                     rustix::fs::mkdirat(&fd, c, Mode::from_raw_mode(0o755))
-                        .ctx(|| format!("creating {}", here()))?;
+                        .ctx(|| format!("creating {}", quote(&here())))?;
                     rustix::fs::openat(&fd, c, dir_flags(), Mode::empty())
-                        .ctx(|| format!("opening {}", here()))?
+                        .ctx(|| format!("opening {}", quote(&here())))?
                 }
                 Err(Errno::LOOP | Errno::NOTDIR) => {
                     let what = match rustix::fs::statat(&fd, c, AtFlags::SYMLINK_NOFOLLOW) {
@@ -364,16 +364,16 @@ impl Unpacker<'_> {
                     };
                     return Err(Error::layer(
                         self.label,
-                        format!("path goes through {:?}, which is {what}", here()),
+                        format!("path goes through {}, which is {what}", quote(&here())),
                     ));
                 }
                 Err(Errno::NOENT) => {
                     return Err(Error::layer(
                         self.label,
-                        format!("{:?} is not in this layer", here()),
+                        format!("{} is not in this layer", quote(&here())),
                     ));
                 }
-                Err(e) => return Err(Error::io(format!("opening {}", here()), e.into())),
+                Err(e) => return Err(Error::io(format!("opening {}", quote(&here())), e.into())),
             };
         }
         Ok(fd)
@@ -385,7 +385,7 @@ impl Unpacker<'_> {
     fn clear(&mut self, parent: &OwnedFd, name: &OsStr, keep_dir: bool) -> Result<bool> {
         let st = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
             Err(Errno::NOENT) => return Ok(false),
-            other => other.ctx(|| format!("inspecting {}", name.to_string_lossy()))?,
+            other => other.ctx(|| format!("inspecting {}", quote(&name.to_string_lossy())))?,
         };
         if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
             if keep_dir {
@@ -396,7 +396,7 @@ impl Unpacker<'_> {
             remove_tree(parent, name)?;
         } else {
             rustix::fs::unlinkat(parent, name, AtFlags::empty())
-                .ctx(|| format!("replacing {}", name.to_string_lossy()))?;
+                .ctx(|| format!("replacing {}", quote(&name.to_string_lossy())))?;
         }
         Ok(false)
     }
@@ -542,9 +542,8 @@ impl Unpacker<'_> {
         let label = self.label;
         let bad = |reason: String| Error::layer(label, format!("hardlink {reason}"));
         let target = target.ok_or_else(|| bad("no target".to_string()))?;
-        let shown_target = String::from_utf8_lossy(target).into_owned();
-        let tcomps =
-            clean_path(target).map_err(|r| bad(format!("target {shown_target:?}: {r}")))?;
+        let shown_target = quote_bytes(target);
+        let tcomps = clean_path(target).map_err(|r| bad(format!("target {shown_target}: {r}")))?;
         if tcomps.as_slice() == comps {
             return Ok(());
         }
@@ -552,23 +551,23 @@ impl Unpacker<'_> {
             .split_last()
             .ok_or_else(|| bad("target is the layer root".to_string()))?;
         let tparent = self.walk(tparents, false).map_err(|e| match e {
-            Error::Layer { reason, .. } => bad(format!("target {shown_target:?}: {reason}")),
+            Error::Layer { reason, .. } => bad(format!("target {shown_target}: {reason}")),
             other => other,
         })?;
         match rustix::fs::statat(&tparent, tname, AtFlags::SYMLINK_NOFOLLOW) {
             Err(Errno::NOENT) => {
-                return Err(bad(format!("target {shown_target:?} is not in this layer")));
+                return Err(bad(format!("target {shown_target} is not in this layer")));
             }
-            Err(e) => return Err(Error::io(format!("inspecting {shown_target:?}"), e.into())),
+            Err(e) => return Err(Error::io(format!("inspecting {shown_target}"), e.into())),
             Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
-                return Err(bad(format!("target {shown_target:?} is a directory")));
+                return Err(bad(format!("target {shown_target} is a directory")));
             }
             Ok(_) => {}
         }
         self.clear(parent, name, false)?;
         // No AT_SYMLINK_FOLLOW: a symlink target is linked as the symlink.
         rustix::fs::linkat(&tparent, tname, parent, name, AtFlags::empty())
-            .ctx(|| format!("linking to {shown_target:?}"))
+            .ctx(|| format!("linking to {shown_target}"))
     }
 
     fn node(
@@ -625,7 +624,7 @@ impl Unpacker<'_> {
 fn remove_tree(parent: &OwnedFd, name: &OsStr) -> Result<()> {
     let open = |at: &OwnedFd, name: &OsStr| {
         rustix::fs::openat(at, name, dir_flags(), Mode::empty())
-            .ctx(|| format!("opening {} to replace it", name.to_string_lossy()))
+            .ctx(|| format!("opening {} to replace it", quote(&name.to_string_lossy())))
     };
     // The names from `parent` down to `dir`.
     let mut names = vec![name.to_os_string()];
@@ -646,7 +645,7 @@ fn remove_tree(parent: &OwnedFd, name: &OsStr) -> Result<()> {
                 };
                 let at = up.as_ref().unwrap_or(parent);
                 rustix::fs::unlinkat(at, &done, AtFlags::REMOVEDIR)
-                    .ctx(|| format!("removing {}", done.to_string_lossy()))?;
+                    .ctx(|| format!("removing {}", quote(&done.to_string_lossy())))?;
                 match up {
                     Some(up) => dir = up,
                     None => return Ok(()),
@@ -669,7 +668,7 @@ fn unlink_files_until_subdir(dir: &OwnedFd) -> Result<Option<OsString>> {
             return Ok(Some(child));
         }
         rustix::fs::unlinkat(dir, &child, AtFlags::empty())
-            .ctx(|| format!("removing {}", child.to_string_lossy()))?;
+            .ctx(|| format!("removing {}", quote(&child.to_string_lossy())))?;
     }
     Ok(None)
 }
