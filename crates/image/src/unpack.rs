@@ -25,6 +25,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::digest::Digest;
 use crate::error::{Error, IoContext, Result};
+use crate::tar_limit::{self, Counted};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
@@ -56,7 +57,8 @@ pub fn unpack_layer(
         .ctx(|| format!("opening layer dir {}", dest.display()))?;
     let mut tar_stream = HashingReader::new(decompress(blob, label)?);
     {
-        let mut archive = tar::Archive::new(&mut tar_stream);
+        let (counted, meter) = Counted::new(&mut tar_stream);
+        let mut archive = tar::Archive::new(counted);
         let mut unpacker = Unpacker {
             root: Rc::new(root),
             privileged,
@@ -64,8 +66,7 @@ pub fn unpack_layer(
             dir_times: Vec::new(),
             cached_parent: None,
         };
-        let entries = archive
-            .entries()
+        let entries = tar_limit::Entries::new(&mut archive, meter)
             .map_err(|e| Error::layer(label, format!("not a tar archive: {e}")))?;
         for entry in entries {
             if cancel.load(Ordering::Relaxed) {
@@ -991,7 +992,10 @@ mod tests {
         h.set_entry_type(tar::EntryType::Regular);
         h.set_size(1);
         h.set_mode(0o644);
-        layer.0.append_data(&mut h, format!("{deep}f"), &b"x"[..]).unwrap();
+        layer
+            .0
+            .append_data(&mut h, format!("{deep}f"), &b"x"[..])
+            .unwrap();
         let tar = layer.file("d", b"now a file").bytes();
         let dest = f.layer.clone();
         let result = std::thread::Builder::new()

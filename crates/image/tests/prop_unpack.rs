@@ -104,8 +104,14 @@ fn link_target() -> BoxedStrategy<String> {
 
 fn pax_record() -> BoxedStrategy<(String, Vec<u8>)> {
     prop_oneof![
-        (Just("path".to_string()), entry_path().prop_map(String::into_bytes)),
-        (Just("linkpath".to_string()), link_target().prop_map(String::into_bytes)),
+        (
+            Just("path".to_string()),
+            entry_path().prop_map(String::into_bytes)
+        ),
+        (
+            Just("linkpath".to_string()),
+            link_target().prop_map(String::into_bytes)
+        ),
         (
             prop::sample::select(vec!["uid", "gid", "mtime", "size"]).prop_map(str::to_string),
             prop_oneof![
@@ -145,7 +151,13 @@ fn entry() -> BoxedStrategy<Entry> {
     (
         entry_path(),
         kind,
-        prop_oneof![Just(0o755u32), Just(0o644), Just(0o4777), Just(0), any::<u32>()],
+        prop_oneof![
+            Just(0o755u32),
+            Just(0o644),
+            Just(0o4777),
+            Just(0),
+            any::<u32>()
+        ],
         prop::bool::weighted(0.15),
         proptest::collection::vec(pax_record(), 0..2),
     )
@@ -194,7 +206,11 @@ fn build_tar(entries: &[Entry], out_dir: &str) -> Vec<u8> {
             body.push(0);
             append(&mut tar, b'K', b"././@LongLink", None, 0o644, &body, None);
         }
-        let hname = if long_name { &name[..name.len().min(100)] } else { name };
+        let hname = if long_name {
+            &name[..name.len().min(100)]
+        } else {
+            name
+        };
         let hlink = link.as_deref().map(|l| &l.as_bytes()[..l.len().min(100)]);
         match &e.kind {
             Kind::Dir => append(&mut tar, b'5', hname, None, e.mode, b"", None),

@@ -72,7 +72,10 @@ impl Budget<'_, '_> {
     /// One char as `{:?}` of a str escapes it (a `'` stays as it is).
     fn put_char(&mut self, c: char, quoted: bool) -> Result<bool, fmt::Error> {
         let mut buf = [0u8; 16];
-        let mut w = Escaped { buf: &mut buf, len: 0 };
+        let mut w = Escaped {
+            buf: &mut buf,
+            len: 0,
+        };
         match c {
             '\'' => w.push_str("'"),
             '"' if !quoted => w.push_str("\""),
@@ -207,13 +210,19 @@ mod tests {
     fn long_values_are_cut_and_say_their_length() {
         let long = "x".repeat(10_000);
         let q = quote(&long).to_string();
-        assert_eq!(q, format!("\"{}\"... (10000 bytes)", "x".repeat(MAX_QUOTED)));
+        assert_eq!(
+            q,
+            format!("\"{}\"... (10000 bytes)", "x".repeat(MAX_QUOTED))
+        );
         let c = clip(&long).to_string();
         assert_eq!(c, format!("{}... (10000 bytes)", "x".repeat(MAX_QUOTED)));
         // An escape is never split.
         let nuls = "\0".repeat(1000);
         let q = quote(&nuls).to_string();
-        assert!(q.starts_with("\"\\0\\0") && q.ends_with("\"... (1000 bytes)"), "{q}");
+        assert!(
+            q.starts_with("\"\\0\\0") && q.ends_with("\"... (1000 bytes)"),
+            "{q}"
+        );
     }
 
     proptest! {
