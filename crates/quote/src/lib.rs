@@ -32,6 +32,12 @@ pub fn quote_bytes(value: &[u8]) -> QuotedBytes<'_> {
     QuotedBytes(value)
 }
 
+/// [`quote`] for paths and OS strings (or anything that is one: `str`,
+/// `String`, `Path`).
+pub fn quote_os<T: AsRef<std::ffi::OsStr> + ?Sized>(value: &T) -> QuotedBytes<'_> {
+    QuotedBytes(value.as_ref().as_encoded_bytes())
+}
+
 /// Free text, unquoted, cut like [`quote`]; control characters (but not
 /// spaces) are escaped so one message cannot fake several log lines.
 pub fn clip(text: &str) -> Clipped<'_> {
