@@ -503,10 +503,8 @@ fn apply(case: &mut Case, ch: Change) {
             s.privileged = p;
             s.readonly_rootfs = ro;
             s.no_new_privs = nnp;
-            if p {
-                if let Some(l) = case.sandbox.linux.as_mut() {
-                    l.security_context.get_or_insert_default().privileged = true;
-                }
+            if p && let Some(l) = case.sandbox.linux.as_mut() {
+                l.security_context.get_or_insert_default().privileged = true;
             }
         }
         Change::Namespaces(network, pid, ipc, target_id, userns) => {
@@ -538,7 +536,11 @@ fn apply(case: &mut Case, ch: Change) {
             let s = sc(c);
             s.seccomp = seccomp;
             s.apparmor = apparmor;
-            s.seccomp_profile_path = path;
+            // Old kubelets still send the deprecated field.
+            #[allow(deprecated)]
+            {
+                s.seccomp_profile_path = path;
+            }
         }
         Change::Cdi(names) => {
             c.cdi_devices = names.into_iter().map(|name| CdiDevice { name }).collect()
