@@ -715,7 +715,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(config(1024))]
+    #![proptest_config(config(2048))]
 
     #[test]
     fn hostile_requests_give_a_spec_or_a_short_error(
@@ -727,6 +727,10 @@ proptest! {
         }
         run(&case)?;
     }
+}
+
+proptest! {
+    #![proptest_config(config(1024))]
 
     /// The baseline requests' protobuf encodings with bytes flipped, as a
     /// client could send them: whatever still decodes is a request.
