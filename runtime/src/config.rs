@@ -236,6 +236,12 @@ impl Config {
 
     /// Checks what serde cannot: paths must be absolute, because the daemon
     /// resolves nothing relative to its working directory.
+    /// Where containers' writable layers (overlayfs upper and work dirs)
+    /// live.
+    pub fn containers_dir(&self) -> PathBuf {
+        self.root.join("containers")
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let paths = [
             ("socket", &self.socket),

@@ -1,15 +1,67 @@
 //! `crust`: the daemon and the operator CLI.
+//!
+//! The daemon reads top-down, one hop per step (`layering` checks that no
+//! module imports one that imports it back):
+//!
+//! ```text
+//! server.rs            the CRI socket, serving, orderly shutdown
+//! daemon.rs            builds the parts below once, wires in the real node effects
+//! services/            gRPC: translate, validate, map domain errors to tonic::Status
+//!   runtime.rs           RuntimeService dispatch, Version/Status/RuntimeConfig
+//!   pod.rs, container.rs pod sandbox and container RPCs
+//!   stats.rs, events.rs  stats RPCs, GetContainerEvents
+//!   stream.rs            Exec/Attach/PortForward URLs
+//!   image.rs, admin.rs   ImageService, crust's admin API (over crust_image)
+//! lifecycle/           the one place that orders pod and container steps
+//! pods/                pod sandboxes (know nothing of containers)
+//!   lifecycle.rs         run (and its undo), stop, remove
+//!   recovery.rs          reconciling store and node at start
+//!   host.rs              PodHost: every node effect of a pod (RealPodHost)
+//!   pause.rs             the pause process of a shared PID namespace
+//!   spec.rs, record.rs, files.rs, info.rs, error.rs
+//! containers/          containers (know nothing of pods: a PodView value)
+//!   lifecycle.rs         create (and its undo), start, stop, remove, exec-sync, update
+//!   recovery.rs          exits, exit watchers, recovery at start
+//!   host.rs              ContainerHost: every node effect of a container
+//!   validate.rs, spec.rs, record.rs, error.rs
+//! streaming_backend.rs exec / attach / port-forward sessions for crust_streaming
+//! launch.rs            the one launch path: bundle, monitor, start
+//! monitor.rs           the one monitor client (async), with time limits
+//! images.rs            what containers need of the image store (leases)
+//! index.rs             ID / unique-prefix index with name reservation
+//! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
+//! stats.rs, events.rs  cgroup usage sampling; container event channel
+//! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
+//! config.rs, api_version.rs, idle.rs, cli/
+//! ```
 
 mod api_version;
 mod cli;
+mod clock;
 mod config;
 mod containers;
 mod daemon;
+mod events;
+mod handlers;
 mod idle;
+mod ids;
+mod images;
+mod index;
+mod launch;
+mod lifecycle;
+mod monitor;
+mod node;
 mod pods;
 mod server;
 mod services;
+mod stats;
 mod streaming_backend;
+mod tasks;
+
+#[cfg(test)]
+mod fakes;
+#[cfg(test)]
+mod layering;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

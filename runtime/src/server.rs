@@ -25,10 +25,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let socket = config.socket.clone();
-    let (daemon, release) = Daemon::open(config).await?;
-    let daemon = Arc::new(daemon);
-    crate::containers::release_orphan_leases(&daemon, release).await;
-    crate::containers::Containers::watch_live(&daemon);
+    let daemon = Arc::new(Daemon::open(config).await?);
     start_streaming(&daemon).await?;
     crate::idle::spawn_idle_trim();
     let listener = bind(&socket)?;
@@ -85,7 +82,10 @@ async fn start_streaming(daemon: &Arc<Daemon>) -> anyhow::Result<()> {
             key_path: key.clone(),
         });
     }
-    let backend = Arc::new(crate::streaming_backend::DaemonBackend::new(daemon));
+    let backend = Arc::new(crate::streaming_backend::StreamingBackend::new(
+        &daemon.pods,
+        &daemon.containers,
+    ));
     let server = crust_streaming::StreamingServer::start(cfg, backend)
         .await
         .context("starting the streaming server ([streaming] address and port)")?;

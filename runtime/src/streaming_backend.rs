@@ -2,64 +2,67 @@
 //! exec and attach through the containers' monitors, port-forward into the
 //! pods' network namespaces.
 //!
-//! The monitor client (`crust_shim::client`) is blocking, so every exec or
-//! attach session bridges it with two threads: one reads the monitor's
-//! output frames and hands them to the async session, one writes stdin and
-//! resizes the session sends it. Dropping the session (the client went
-//! away and the grace period is over) detaches from the monitor, which
-//! kills an exec whose last client is gone; the exec is also SIGKILLed
-//! explicitly.
+//! An exec or attach session is three tasks on the async runtime (no
+//! threads): the session itself, which carries the client's stdin and
+//! resizes and the process's output, a reader of the monitor's output
+//! frames and a writer of stdin and resizes to it (so a stalled stdin
+//! never holds up the output). Dropping the session (the client went away
+//! and the grace period is over) detaches from the monitor, which kills an
+//! exec whose last client is gone; the exec is also SIGKILLed explicitly.
 
-use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr};
-use std::os::unix::net::UnixStream;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crust_shim::{AttachEvent, ExitInfo, Shim};
+use crust_shim::async_client::{AttachReader, AttachWriter};
+use crust_shim::{AttachEvent, ExitInfo};
 use crust_streaming::{
     AttachRequest, Backend, BackendError, BoxDuplex, BoxFuture, ExecRequest, StreamIo, TerminalSize,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tonic::Code;
+use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::containers::ContainerState;
-use crate::daemon::Daemon;
-use crate::pods::PodState;
+use crate::containers::{ContainerError, ContainerState, Containers};
+use crate::monitor::Monitor;
+use crate::pods::{PodError, PodState, Pods};
 
 /// How long an exec with a tty waits for the client's first terminal size
 /// before starting the process, so that the process sees its size at once.
 const FIRST_SIZE_WAIT: Duration = Duration::from_millis(200);
-/// Output frames buffered between the monitor reader thread and the client.
+/// Output frames buffered between the monitor reader and the client.
 const EVENT_BUFFER: usize = 64;
 /// Stdin chunks and resizes buffered towards the monitor.
 const INPUT_BUFFER: usize = 16;
+/// How long an abandoned exec's monitor gets to leave after SIGKILL.
+const EXEC_REAP_WAIT: Duration = Duration::from_secs(5);
 
-pub struct DaemonBackend {
-    daemon: Weak<Daemon>,
+pub struct StreamingBackend {
+    pods: Weak<Pods>,
+    containers: Weak<Containers>,
 }
 
-impl DaemonBackend {
-    pub fn new(daemon: &Arc<Daemon>) -> DaemonBackend {
-        DaemonBackend {
-            daemon: Arc::downgrade(daemon),
+fn shutting_down() -> BackendError {
+    BackendError::Failed("the daemon is shutting down".into())
+}
+
+impl StreamingBackend {
+    pub fn new(pods: &Arc<Pods>, containers: &Arc<Containers>) -> StreamingBackend {
+        StreamingBackend {
+            pods: Arc::downgrade(pods),
+            containers: Arc::downgrade(containers),
         }
     }
 
-    fn daemon(&self) -> Result<Arc<Daemon>, BackendError> {
-        self.daemon
-            .upgrade()
-            .ok_or_else(|| BackendError::Failed("the daemon is shutting down".into()))
-    }
-
-    /// The state dir of a running container's monitor.
-    fn running_container(&self, id: &str) -> Result<PathBuf, BackendError> {
-        let daemon = self.daemon()?;
-        let rec = daemon.containers.get(id).map_err(|s| match s.code() {
-            Code::NotFound => BackendError::NotFound(format!("container {id:?}")),
-            _ => BackendError::Failed(s.message().to_string()),
+    /// The monitor of a running container.
+    fn running_container(&self, id: &str) -> Result<Monitor, BackendError> {
+        let containers = self.containers.upgrade().ok_or_else(shutting_down)?;
+        let rec = containers.get(id).map_err(|e| match e {
+            ContainerError::NotFound(_) => BackendError::NotFound(format!("container {id:?}")),
+            e => BackendError::Failed(e.to_string()),
         })?;
         if rec.state != ContainerState::Running {
             return Err(BackendError::Failed(format!(
@@ -67,22 +70,22 @@ impl DaemonBackend {
                 rec.id
             )));
         }
-        Ok(rec.state_dir)
+        Monitor::connect(&rec.state_dir).map_err(shim_error)
     }
 }
 
-impl Backend for DaemonBackend {
+impl Backend for StreamingBackend {
     fn exec(&self, req: ExecRequest, io: StreamIo) -> BoxFuture<'_, Result<i32, BackendError>> {
         Box::pin(async move {
-            let state_dir = self.running_container(&req.container_id)?;
-            exec(state_dir, req, io).await
+            let monitor = self.running_container(&req.container_id)?;
+            exec(monitor, req, io).await
         })
     }
 
     fn attach(&self, req: AttachRequest, io: StreamIo) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
-            let state_dir = self.running_container(&req.container_id)?;
-            attach(state_dir, req, io).await
+            let monitor = self.running_container(&req.container_id)?;
+            attach(monitor, req, io).await
         })
     }
 
@@ -93,9 +96,9 @@ impl Backend for DaemonBackend {
         stream: BoxDuplex,
     ) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
-            let daemon = self.daemon()?;
-            let pod = daemon.pods.get(&pod_sandbox_id).map_err(|e| match e {
-                crate::pods::PodError::NotFound(_) => {
+            let pods = self.pods.upgrade().ok_or_else(shutting_down)?;
+            let pod = pods.get(&pod_sandbox_id).map_err(|e| match e {
+                PodError::NotFound(_) => {
                     BackendError::NotFound(format!("pod sandbox {pod_sandbox_id:?}"))
                 }
                 e => BackendError::Failed(e.to_string()),
@@ -106,7 +109,7 @@ impl Backend for DaemonBackend {
                     pod.id
                 )));
             }
-            drop(daemon);
+            drop(pods);
             let r = match pod.namespaces.net {
                 Some(netns) => crust_streaming::forward_in_netns(&netns, port, stream).await,
                 // A host-network pod's loopback is the host's.
@@ -146,24 +149,7 @@ fn shim_error(e: crust_shim::Error) -> BackendError {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
-) -> Result<T, BackendError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| BackendError::Failed(e.to_string()))?
-}
-
-fn new_exec_id() -> Result<String, BackendError> {
-    use std::io::Read;
-    let mut b = [0u8; 12];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| BackendError::Failed(format!("random exec id: {e}")))?;
-    Ok(hex::encode(b))
-}
-
-async fn exec(state_dir: PathBuf, req: ExecRequest, mut io: StreamIo) -> Result<i32, BackendError> {
+async fn exec(monitor: Monitor, req: ExecRequest, mut io: StreamIo) -> Result<i32, BackendError> {
     let mut first_size = None;
     if req.tty
         && let Some(rx) = io.resize.as_mut()
@@ -174,7 +160,8 @@ async fn exec(state_dir: PathBuf, req: ExecRequest, mut io: StreamIo) -> Result<
             .flatten();
     }
     let shim_req = crust_shim::ExecRequest {
-        exec_id: new_exec_id()?,
+        exec_id: crate::ids::new_exec_id()
+            .map_err(|e| BackendError::Failed(format!("random exec id: {e}")))?,
         args: req.cmd,
         tty: req.tty,
         stdin: req.stdin,
@@ -183,50 +170,37 @@ async fn exec(state_dir: PathBuf, req: ExecRequest, mut io: StreamIo) -> Result<
             .map(|s| (s.width, s.height)),
         ..Default::default()
     };
-    let container_dir = state_dir.clone();
-    let (session, attach) = blocking(move || {
-        let shim = Shim::connect(&state_dir).map_err(shim_error)?;
-        let session = shim.exec(&shim_req).map_err(shim_error)?;
-        match session.shim.attach() {
-            Ok(a) => Ok((session, a)),
-            Err(e) => {
-                let _ = session.shim.kill(libc::SIGKILL, false);
-                Err(shim_error(e))
-            }
+    let (started, session) = monitor.exec(&shim_req).await.map_err(shim_error)?;
+    let (reader, writer) = match session.attach().await {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = session.kill(libc::SIGKILL, false).await;
+            return Err(shim_error(e));
         }
-    })
-    .await?;
-    debug!(pid = session.pid, exec_id = %session.exec_id, "exec started");
+    };
+    debug!(pid = started.pid, exec_id = %started.exec_id, "exec started");
     // Kills the process and tidies the session's state dir, also when this
     // future is dropped.
-    let guard = ExecGuard {
-        shim: Some(session.shim.clone()),
-        container_dir,
+    let _guard = ExecGuard {
+        session: Some(session.clone()),
+        container_dir: monitor.state_dir().to_path_buf(),
     };
-    let bridge = Bridge::start(attach, req.stdin, req.tty)?;
-    let r = bridge.run(io, false).await;
-    let code = match r {
+    let bridge = Bridge::start(reader, writer, req.stdin, req.tty).await?;
+    match bridge.run(io, false).await {
         Ok(Some(exit)) => Ok(exit.exit_code),
         // The monitor closed without an exit frame: its exit file says.
-        Ok(None) => {
-            let shim = session.shim.clone();
-            blocking(move || shim.wait().map_err(shim_error))
-                .await
-                .map(|e| e.exit_code)
-        }
+        Ok(None) => session
+            .wait()
+            .await
+            .map(|e| e.exit_code)
+            .map_err(shim_error),
         Err(e) => Err(e),
-    };
-    drop(guard);
-    code
+    }
 }
 
-async fn attach(state_dir: PathBuf, req: AttachRequest, io: StreamIo) -> Result<(), BackendError> {
-    let attach = blocking(move || {
-        let shim = Shim::connect(&state_dir).map_err(shim_error)?;
-        shim.attach().map_err(shim_error)
-    })
-    .await?;
-    let bridge = Bridge::start(attach, req.stdin, req.tty)?;
+async fn attach(monitor: Monitor, req: AttachRequest, io: StreamIo) -> Result<(), BackendError> {
+    let (reader, writer) = monitor.attach().await.map_err(shim_error)?;
+    let bridge = Bridge::start(reader, writer, req.stdin, req.tty).await?;
     // Without output streams the session is over when stdin is.
     let stdin_only = !req.stdout && !req.stderr;
     bridge.run(io, stdin_only).await.map(|_| ())
@@ -235,32 +209,34 @@ async fn attach(state_dir: PathBuf, req: AttachRequest, io: StreamIo) -> Result<
 /// SIGKILLs an exec process unless it is known to have exited, and removes
 /// its session state dir once its monitor is gone.
 struct ExecGuard {
-    shim: Option<Shim>,
+    session: Option<Monitor>,
     container_dir: PathBuf,
 }
 
 impl Drop for ExecGuard {
     fn drop(&mut self) {
-        let Some(shim) = self.shim.take() else { return };
+        let Some(session) = self.session.take() else {
+            return;
+        };
         let container_dir = self.container_dir.clone();
-        // Blocking calls: off the runtime's threads.
-        let spawned = std::thread::Builder::new()
-            .name("exec-cleanup".into())
-            .spawn(move || {
-                if shim.exit_info().ok().flatten().is_none() {
-                    let _ = shim.kill(libc::SIGKILL, false);
-                }
-                for _ in 0..250 {
-                    if !shim.is_alive() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                remove_session_dir(&container_dir, shim.state_dir());
-            });
-        if let Err(e) = spawned {
-            warn!("cannot start the exec cleanup thread: {e}");
-        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            warn!("an exec session ended outside the runtime: its state dir is left");
+            return;
+        };
+        runtime.spawn(async move {
+            if session.exit_info().ok().flatten().is_none() {
+                let _ = session.kill(libc::SIGKILL, false).await;
+            }
+            let deadline = tokio::time::Instant::now() + EXEC_REAP_WAIT;
+            while session.is_alive() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let session_dir = session.state_dir().to_path_buf();
+            let _ = tokio::task::spawn_blocking(move || {
+                remove_session_dir(&container_dir, &session_dir)
+            })
+            .await;
+        });
     }
 }
 
@@ -272,7 +248,7 @@ fn remove_session_dir(container_dir: &Path, session_dir: &Path) {
         return;
     }
     if let Err(e) = std::fs::remove_dir_all(session_dir)
-        && e.kind() != std::io::ErrorKind::NotFound
+        && e.kind() != io::ErrorKind::NotFound
     {
         debug!(dir = %session_dir.display(), "cannot remove the exec session dir: {e}");
     }
@@ -284,12 +260,12 @@ enum Input {
     Resize(TerminalSize),
 }
 
-/// Bridges a blocking attach connection to async code (two threads).
-/// Dropping it detaches.
+/// An attach connection to a monitor, read and written by tasks of its
+/// own. Dropping it detaches.
 struct Bridge {
-    events: mpsc::Receiver<std::io::Result<Option<AttachEvent>>>,
+    events: mpsc::Receiver<io::Result<Option<AttachEvent>>>,
     input: mpsc::Sender<Input>,
-    sock: UnixStream,
+    tasks: [JoinHandle<()>; 2],
     /// The end of a tty's stdin is not passed on: closing the terminal
     /// would hang it up (containerd leaves a tty open on stdin EOF too).
     tty: bool,
@@ -297,56 +273,56 @@ struct Bridge {
 
 impl Drop for Bridge {
     fn drop(&mut self) {
-        // Ends the reader thread's read and tells the monitor we are gone.
-        let _ = self.sock.shutdown(Shutdown::Both);
+        // Both halves of the socket go: the monitor sees us gone.
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
 impl Bridge {
-    fn start(attach: crust_shim::Attach, stdin: bool, tty: bool) -> Result<Bridge, BackendError> {
-        let io_err = |e: std::io::Error| BackendError::Failed(format!("attach: {e}"));
-        let mut writer = attach.try_clone().map_err(io_err)?;
-        let mut reader = attach;
-        let sock = writer.try_clone().map_err(io_err)?.into_inner();
+    async fn start(
+        mut reader: AttachReader,
+        mut writer: AttachWriter,
+        stdin: bool,
+        tty: bool,
+    ) -> Result<Bridge, BackendError> {
         if stdin {
-            writer.declare_stdin().map_err(io_err)?;
+            writer
+                .declare_stdin()
+                .await
+                .map_err(|e| BackendError::Failed(format!("attach: {e}")))?;
         }
         let (ev_tx, events) = mpsc::channel(EVENT_BUFFER);
         let (input, mut in_rx) = mpsc::channel::<Input>(INPUT_BUFFER);
-        std::thread::Builder::new()
-            .name("attach-out".into())
-            .spawn(move || {
-                loop {
-                    let ev = reader.next_event();
-                    let more = matches!(
-                        ev,
-                        Ok(Some(AttachEvent::Stdout(_) | AttachEvent::Stderr(_)))
-                    );
-                    if ev_tx.blocking_send(ev).is_err() || !more {
-                        break;
-                    }
+        let read = tokio::spawn(async move {
+            loop {
+                let ev = reader.next_event().await;
+                let more = matches!(
+                    ev,
+                    Ok(Some(AttachEvent::Stdout(_) | AttachEvent::Stderr(_)))
+                );
+                if ev_tx.send(ev).await.is_err() || !more {
+                    break;
                 }
-            })
-            .map_err(io_err)?;
-        std::thread::Builder::new()
-            .name("attach-in".into())
-            .spawn(move || {
-                while let Some(i) = in_rx.blocking_recv() {
-                    let r = match i {
-                        Input::Stdin(d) => writer.write_stdin(&d),
-                        Input::CloseStdin => writer.close_stdin(),
-                        Input::Resize(s) => writer.resize(s.width, s.height),
-                    };
-                    if r.is_err() {
-                        break;
-                    }
+            }
+        });
+        let write = tokio::spawn(async move {
+            while let Some(i) = in_rx.recv().await {
+                let r = match i {
+                    Input::Stdin(d) => writer.write_stdin(&d).await,
+                    Input::CloseStdin => writer.close_stdin().await,
+                    Input::Resize(s) => writer.resize(s.width, s.height).await,
+                };
+                if r.is_err() {
+                    break;
                 }
-            })
-            .map_err(io_err)?;
+            }
+        });
         Ok(Bridge {
             events,
             input,
-            sock,
+            tasks: [read, write],
             tty,
         })
     }

@@ -1,260 +1,297 @@
-//! The real-filesystem [`crust_oci::Host`] and the node facts a spec needs.
+//! Everything a container does to the node, behind one trait: its rootfs
+//! and dirs, its monitor (through `crate::launch` and `crate::monitor`) and
+//! the OCI runtime's leftovers. [`RealContainerHost`] does it; the unit
+//! tests of the container life cycle use a recording fake
+//! (`crate::fakes`), so the rules are tested without root.
+//!
+//! Blocking methods are called from the blocking pool (or are a quick look
+//! at a file); `async` ones talk to the monitor.
 
-use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use crust_oci::{Host, HostDevice, HostPropagation, RuntimeFacts};
-use oci_spec::runtime::{Capability, LinuxDeviceType};
+use crust_linux::cgroups::{Hierarchy, PodCgroup};
+use crust_shim::{ExecRequest, ExecSyncOutput, ExitInfo, RuntimeConfig};
+use serde_json::Value;
+use tracing::{info, warn};
 
-/// Largest seccomp profile file read.
-const MAX_PROFILE: u64 = crust_oci::MAX_SECCOMP_PROFILE_BYTES as u64 + 1;
+use super::error::ContainerError;
+use super::record::ContainerRecord;
+use crate::launch::{Launch, LaunchError, Launcher};
+use crate::monitor::{self, Monitor};
+use crate::node::NodeHost;
 
-pub struct RealHost;
+/// Largest /etc/passwd or /etc/group read from an image.
+const MAX_ETC_FILE: u64 = 4 << 20;
+/// How long a SIGKILLed container may take to be reaped.
+pub const KILL_WAIT: Duration = Duration::from_secs(15);
 
-impl Host for RealHost {
-    fn resolve(&self, path: &Path) -> io::Result<PathBuf> {
-        std::fs::canonicalize(path)
+#[async_trait::async_trait]
+pub trait ContainerHost: Send + Sync + 'static {
+    /// The container's dirs (writable layer, monitor state, bundle) and
+    /// its rootfs: an overlay of `lowers` under the writable layer.
+    /// Blocking.
+    fn prepare_rootfs(
+        &self,
+        rec: &ContainerRecord,
+        lowers: &[PathBuf],
+    ) -> Result<(), ContainerError>;
+    /// A file of the image, read inside the rootfs (bounded, no symlink
+    /// out); None if it has none. Blocking.
+    fn read_rootfs_file(&self, rootfs: &Path, rel: &str) -> Result<Option<String>, ContainerError>;
+    /// The node look-ups of spec generation (host paths, devices,
+    /// seccomp profiles).
+    fn spec_host(&self) -> &dyn crust_oci::Host;
+    /// Writes the bundle and spawns the monitor, which creates the
+    /// container; returns the container's init pid.
+    async fn launch(&self, launch: Launch) -> Result<i32, ContainerError>;
+
+    /// Starts the created container's process.
+    async fn start(&self, state_dir: &Path) -> Result<(), ContainerError>;
+    /// Signals the container (every process with `all`); without a
+    /// monitor there is nothing to signal.
+    async fn kill(&self, state_dir: &Path, signal: i32, all: bool) -> Result<(), ContainerError>;
+    /// Resolves once the container has exited.
+    async fn wait(&self, state_dir: &Path) -> Result<(), ContainerError>;
+    async fn update(&self, state_dir: &Path, resources: &Value) -> Result<(), ContainerError>;
+    async fn reopen_log(&self, state_dir: &Path) -> Result<(), ContainerError>;
+    async fn exec_sync(
+        &self,
+        state_dir: &Path,
+        req: &ExecRequest,
+    ) -> Result<ExecSyncOutput, ContainerError>;
+
+    /// How the container ended, once it has.
+    fn exit_file(&self, state_dir: &Path) -> Option<ExitInfo>;
+    /// Whether the container's monitor runs.
+    fn monitor_running(&self, state_dir: &Path) -> bool;
+    /// SIGKILLs the container, waits for its monitor to leave and kills
+    /// the monitor if it does not. False if no monitor runs.
+    async fn reap_monitor(&self, state_dir: &Path) -> bool;
+    /// Kills what is left of a container whose monitor is gone (its
+    /// cgroup's processes). Blocking.
+    fn kill_orphan(&self, rec: &ContainerRecord);
+    /// Removes what the OCI runtime may still hold for the container (a
+    /// monitor killed before it could delete it). Blocking; failures are
+    /// ignored: usually there is nothing.
+    fn delete_runtime_state(&self, rec: &ContainerRecord);
+    fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError>;
+    /// Removes a dir and everything in it (never through a mount: the
+    /// rootfs is unmounted first); a missing one is no error.
+    fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError>;
+    /// The runc-style spec the container was created with (verbose
+    /// status), Null if unreadable.
+    fn read_spec(&self, bundle: &Path) -> Value;
+}
+
+/// The node itself.
+pub struct RealContainerHost {
+    launcher: Launcher,
+    hierarchy: Hierarchy,
+}
+
+impl RealContainerHost {
+    pub fn new(launcher: Launcher, hierarchy: Hierarchy) -> RealContainerHost {
+        RealContainerHost {
+            launcher,
+            hierarchy,
+        }
+    }
+}
+
+fn mkdir(p: &Path, mode: u32) -> Result<(), ContainerError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(p)
+        .map_err(|e| ContainerError::Internal(format!("creating {}: {e}", p.display())))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| ContainerError::Internal(format!("chmod {}: {e}", p.display())))
+}
+
+fn connect(state_dir: &Path) -> Result<Monitor, ContainerError> {
+    Monitor::connect(state_dir).map_err(ContainerError::from_monitor)
+}
+
+#[async_trait::async_trait]
+impl ContainerHost for RealContainerHost {
+    fn prepare_rootfs(
+        &self,
+        rec: &ContainerRecord,
+        lowers: &[PathBuf],
+    ) -> Result<(), ContainerError> {
+        mkdir(&rec.layer_dir, 0o700)?;
+        mkdir(&rec.layer_dir.join("upper"), 0o755)?;
+        mkdir(&rec.layer_dir.join("work"), 0o700)?;
+        mkdir(&rec.state_dir, 0o700)?;
+        mkdir(&rec.bundle, 0o700)?;
+        mkdir(&rec.rootfs, 0o755)?;
+        crust_linux::mounts::mount_overlay(
+            lowers,
+            &rec.layer_dir.join("upper"),
+            &rec.layer_dir.join("work"),
+            &rec.rootfs,
+        )
+        .map_err(ContainerError::internal)
     }
 
-    fn propagation(&self, path: &Path) -> io::Result<HostPropagation> {
-        let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-        let mut best: Option<(usize, HostPropagation)> = None;
-        for line in info.lines() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            if fields.len() < 7 {
-                continue;
+    fn read_rootfs_file(&self, rootfs: &Path, rel: &str) -> Result<Option<String>, ContainerError> {
+        crust_linux::mounts::read_file_in_root(rootfs, rel, MAX_ETC_FILE)
+            .map(|o| o.map(|b| String::from_utf8_lossy(&b).into_owned()))
+            .map_err(ContainerError::internal)
+    }
+
+    fn spec_host(&self) -> &dyn crust_oci::Host {
+        &NodeHost
+    }
+
+    async fn launch(&self, launch: Launch) -> Result<i32, ContainerError> {
+        match self.launcher.create(launch).await {
+            Ok(monitor) => Ok(monitor.pid()),
+            Err(LaunchError::Bundle(m)) => Err(ContainerError::Internal(m)),
+            Err(LaunchError::Monitor(e)) => Err(ContainerError::Internal(format!(
+                "creating the container: {e}"
+            ))),
+        }
+    }
+
+    async fn start(&self, state_dir: &Path) -> Result<(), ContainerError> {
+        connect(state_dir)?
+            .start()
+            .await
+            .map_err(ContainerError::from_monitor)
+    }
+
+    async fn kill(&self, state_dir: &Path, signal: i32, all: bool) -> Result<(), ContainerError> {
+        match Monitor::connect(state_dir) {
+            Ok(m) => m
+                .kill(signal, all)
+                .await
+                .map_err(ContainerError::from_monitor),
+            Err(_) => Ok(()),
+        }
+    }
+
+    async fn wait(&self, state_dir: &Path) -> Result<(), ContainerError> {
+        connect(state_dir)?
+            .wait()
+            .await
+            .map(drop)
+            .map_err(ContainerError::from_monitor)
+    }
+
+    async fn update(&self, state_dir: &Path, resources: &Value) -> Result<(), ContainerError> {
+        connect(state_dir)?
+            .update(resources)
+            .await
+            .map_err(ContainerError::from_monitor)
+    }
+
+    async fn reopen_log(&self, state_dir: &Path) -> Result<(), ContainerError> {
+        connect(state_dir)?
+            .reopen_log()
+            .await
+            .map_err(ContainerError::from_monitor)
+    }
+
+    async fn exec_sync(
+        &self,
+        state_dir: &Path,
+        req: &ExecRequest,
+    ) -> Result<ExecSyncOutput, ContainerError> {
+        connect(state_dir)?
+            .exec_sync(req)
+            .await
+            .map_err(ContainerError::from_monitor)
+    }
+
+    fn exit_file(&self, state_dir: &Path) -> Option<ExitInfo> {
+        monitor::exit_file(state_dir).ok().flatten()
+    }
+
+    fn monitor_running(&self, state_dir: &Path) -> bool {
+        monitor::is_running(state_dir)
+    }
+
+    async fn reap_monitor(&self, state_dir: &Path) -> bool {
+        let Ok(m) = Monitor::connect(state_dir) else {
+            return false;
+        };
+        // Last resort: the container should have exited already.
+        m.kill_and_reap(KILL_WAIT, Duration::from_millis(20)).await;
+        true
+    }
+
+    /// The cgroup path is the one the bundle gave the runtime (cgroupfs
+    /// driver; a systemd scope is stopped by systemd when its last process
+    /// ends, which this does not do: warned).
+    fn kill_orphan(&self, rec: &ContainerRecord) {
+        let config = rec.bundle.join("config.json");
+        let Ok(data) = std::fs::read(&config) else {
+            return;
+        };
+        let path = serde_json::from_slice::<Value>(&data)
+            .ok()
+            .and_then(|v| v["linux"]["cgroupsPath"].as_str().map(PathBuf::from));
+        let Some(path) = path.filter(|p| p.is_absolute()) else {
+            warn!(id = %rec.id, "the container's monitor is gone and its cgroup is not a cgroupfs path: its processes are left running");
+            return;
+        };
+        let cg = PodCgroup::new(self.hierarchy, Path::new("/sys/fs/cgroup"), &path);
+        match cg.and_then(|cg| cg.delete()) {
+            Ok(()) => {
+                info!(id = %rec.id, "the container's monitor is gone: killed what was left of the container")
             }
-            let mount_point = unescape(fields[4]);
-            if !path.starts_with(&mount_point) {
-                continue;
+            Err(e) => {
+                warn!(id = %rec.id, "the container's monitor is gone; cannot kill its processes: {e}")
             }
-            let len = mount_point.as_os_str().len();
-            let optional = fields[6..].iter().take_while(|f| **f != "-");
-            let mut prop = HostPropagation::Private;
-            for f in optional {
-                if f.starts_with("shared:") {
-                    prop = HostPropagation::Shared;
-                    break;
-                } else if f.starts_with("master:") {
-                    prop = HostPropagation::Slave;
+        }
+    }
+
+    fn delete_runtime_state(&self, rec: &ContainerRecord) {
+        match &rec.runtime {
+            RuntimeConfig::Embedded { root, .. } => {
+                let dir = root.join(&rec.id);
+                if dir.exists() {
+                    let _ = std::fs::remove_dir_all(dir);
                 }
             }
-            // Later lines win for the same mount point (over-mounts).
-            if best.is_none_or(|(l, _)| len >= l) {
-                best = Some((len, prop));
+            RuntimeConfig::Cli { path, root, .. } => {
+                if root.join(&rec.id).exists() {
+                    let _ = std::process::Command::new(path)
+                        .arg("--root")
+                        .arg(root)
+                        .args(["delete", "--force", &rec.id])
+                        .stdin(std::process::Stdio::null())
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status();
+                }
             }
         }
-        Ok(best.map_or(HostPropagation::Private, |(_, p)| p))
     }
 
-    fn devices(&self, path: &Path) -> io::Result<Vec<HostDevice>> {
-        let meta = std::fs::metadata(path)?;
-        if meta.is_dir() {
-            let mut out = Vec::new();
-            walk_devices(path, path, &mut out, 0);
-            return Ok(out);
-        }
-        Ok(device(&meta, PathBuf::new()).into_iter().collect())
+    fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError> {
+        crust_linux::mounts::unmount(rootfs).map_err(ContainerError::internal)
     }
 
-    fn all_devices(&self) -> io::Result<Vec<HostDevice>> {
-        let mut out = Vec::new();
-        walk_devices(Path::new("/dev"), Path::new("/dev"), &mut out, 0);
-        out.retain(|d| {
-            let first = d
-                .relative
-                .components()
-                .next()
-                .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                .unwrap_or_default();
-            !matches!(
-                first.as_str(),
-                "pts" | "shm" | "mqueue" | "console" | "ptmx" | "hugepages"
-            )
-        });
-        Ok(out)
-    }
-
-    fn read_seccomp_profile(&self, path: &Path) -> io::Result<String> {
-        use std::io::Read;
-        let mut s = String::new();
-        std::fs::File::open(path)?
-            .take(MAX_PROFILE)
-            .read_to_string(&mut s)?;
-        Ok(s)
-    }
-}
-
-/// Controllers libcontainer's (libcgroups 0.7) v1 manager creates a
-/// container's cgroup in.
-const V1_CONTROLLERS: &[&str] = &[
-    "cpu",
-    "cpuacct",
-    "cpuset",
-    "devices",
-    "hugetlb",
-    "memory",
-    "pids",
-    "perf_event",
-    "blkio",
-    "net_prio",
-    "net_cls",
-    "freezer",
-];
-
-/// Mount points of the cgroup v1 hierarchies under /sys/fs/cgroup that hold
-/// one of [`V1_CONTROLLERS`]; empty on a cgroup v2 only host.
-pub fn cgroup_v1_hierarchies() -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut out: Vec<PathBuf> = Vec::new();
-    for line in info.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut r = right.split(' ');
-        let (Some("cgroup"), Some(_), Some(opts)) = (r.next(), r.next(), r.next()) else {
-            continue;
-        };
-        let Some(mount_point) = left.split(' ').nth(4).map(unescape) else {
-            continue;
-        };
-        if mount_point.parent() == Some(Path::new("/sys/fs/cgroup"))
-            && opts.split(',').any(|o| V1_CONTROLLERS.contains(&o))
-            && !out.contains(&mount_point)
-        {
-            out.push(mount_point);
+    fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError> {
+        // A dir still mounted on is refused by the kernel (EBUSY).
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ContainerError::Internal(format!(
+                "removing {}: {e}",
+                dir.display()
+            ))),
         }
     }
-    out
-}
 
-fn unescape(s: &str) -> PathBuf {
-    let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
+    fn read_spec(&self, bundle: &Path) -> Value {
+        std::fs::read(bundle.join("spec.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null)
     }
-    PathBuf::from(String::from_utf8_lossy(&out).into_owned())
-}
-
-fn device(meta: &std::fs::Metadata, relative: PathBuf) -> Option<HostDevice> {
-    let ft = meta.file_type();
-    let kind = if ft.is_char_device() {
-        LinuxDeviceType::C
-    } else if ft.is_block_device() {
-        LinuxDeviceType::B
-    } else if ft.is_fifo() {
-        LinuxDeviceType::P
-    } else {
-        return None;
-    };
-    let rdev = meta.rdev();
-    Some(HostDevice {
-        relative,
-        kind,
-        major: libc::major(rdev) as i64,
-        minor: libc::minor(rdev) as i64,
-        file_mode: meta.mode() & 0o7777,
-        uid: meta.uid(),
-        gid: meta.gid(),
-    })
-}
-
-fn walk_devices(base: &Path, dir: &Path, out: &mut Vec<HostDevice>, depth: usize) {
-    if depth > 8 || out.len() > 4096 {
-        return;
-    }
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let path = e.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        let rel = path.strip_prefix(base).unwrap_or(&path).to_path_buf();
-        if meta.is_dir() {
-            walk_devices(base, &path, out, depth + 1);
-        } else if let Some(d) = device(&meta, rel) {
-            out.push(d);
-        }
-    }
-}
-
-/// The daemon's capability bounding set: what "ALL" and privileged give.
-pub fn bounding_set() -> Option<Vec<Capability>> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapBnd:"))?
-        .trim();
-    let bits = u64::from_str_radix(hex, 16).ok()?;
-    Some(
-        crust_oci::ALL_CAPABILITIES
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| bits & (1u64 << i) != 0)
-            .map(|(_, c)| *c)
-            .collect(),
-    )
-}
-
-/// Node facts for every spec, detected once at start.
-pub fn runtime_facts(hierarchy: crust_linux::cgroups::Hierarchy, systemd: bool) -> RuntimeFacts {
-    let v2 = hierarchy.is_unified();
-    let cg = Path::new("/sys/fs/cgroup");
-    let min_oom = std::fs::read_to_string("/proc/self/oom_score_adj")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    let (swap, hugetlb) = if v2 {
-        let controllers =
-            std::fs::read_to_string(cg.join("cgroup.controllers")).unwrap_or_default();
-        (
-            controllers.contains("memory") && swap_v2(cg),
-            controllers.split_whitespace().any(|c| c == "hugetlb"),
-        )
-    } else {
-        (
-            cg.join("memory/memory.memsw.limit_in_bytes").exists(),
-            cg.join("hugetlb").exists(),
-        )
-    };
-    RuntimeFacts {
-        cgroup_v2: v2,
-        cgroup_driver: if systemd {
-            crust_oci::CgroupDriver::Systemd
-        } else {
-            crust_oci::CgroupDriver::Cgroupfs
-        },
-        min_oom_score_adj: min_oom,
-        swap_available: swap,
-        hugetlb_available: hugetlb,
-        // Per handler: set at CreateContainer from its features.
-        rro_supported: false,
-        node_hostname: nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        all_capabilities: bounding_set(),
-        ..RuntimeFacts::default()
-    }
-}
-
-fn swap_v2(cg: &Path) -> bool {
-    // The root cgroup has no memory.swap.max: look at any child.
-    std::fs::read_dir(cg).is_ok_and(|rd| {
-        rd.flatten()
-            .any(|e| e.path().join("memory.swap.max").exists())
-    })
 }

@@ -3,8 +3,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crust_api::v1::{ContainerConfig, LinuxContainerResources};
 use crust_shim::{ExitInfo, RuntimeConfig};
 use crust_store::{Kind, Record};
+use prost::Message;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +110,22 @@ impl Record for ContainerRecord {
 impl ContainerRecord {
     pub fn name_key(&self) -> (String, String, u32) {
         (self.pod_id.clone(), self.name.clone(), self.attempt)
+    }
+
+    /// The request's ContainerConfig, as stored.
+    pub fn config(&self) -> ContainerConfig {
+        hex::decode(&self.config)
+            .ok()
+            .and_then(|b| ContainerConfig::decode(b.as_slice()).ok())
+            .unwrap_or_default()
+    }
+
+    /// The current resources (as created or last updated).
+    pub fn resources(&self) -> Option<LinuxContainerResources> {
+        self.resources
+            .as_ref()
+            .and_then(|h| hex::decode(h).ok())
+            .and_then(|b| LinuxContainerResources::decode(b.as_slice()).ok())
     }
 
     pub fn set_exit(&mut self, e: &ExitInfo) {

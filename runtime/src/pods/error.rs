@@ -4,19 +4,25 @@
 
 use std::fmt;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PodError {
     /// The request is at fault (the message names the field).
+    #[error("{0}")]
     InvalidArgument(String),
     /// No pod sandbox with that ID (or ID prefix).
+    #[error("{0}")]
     NotFound(String),
     /// The (name, namespace, uid, attempt) is taken.
+    #[error("{0}")]
     AlreadyExists(String),
     /// A mode crust does not support yet.
+    #[error("{0}")]
     Unimplemented(String),
     /// The node is not ready for it (no CNI network config).
+    #[error("{0}")]
     Unavailable(String),
     /// The host failed: namespaces, mounts, cgroups, CNI, the store.
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -47,17 +53,6 @@ impl PodError {
         }
     }
 
-    pub fn message(&self) -> &str {
-        match self {
-            PodError::InvalidArgument(m)
-            | PodError::NotFound(m)
-            | PodError::AlreadyExists(m)
-            | PodError::Unimplemented(m)
-            | PodError::Unavailable(m)
-            | PodError::Internal(m) => m,
-        }
-    }
-
     /// The same kind with `context` in front of the message.
     pub fn context(self, context: impl fmt::Display) -> PodError {
         let wrap = |m: String| format!("{context}: {m}");
@@ -72,16 +67,14 @@ impl PodError {
     }
 }
 
-impl fmt::Display for PodError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.message())
-    }
-}
-
-impl std::error::Error for PodError {}
-
 impl From<crust_store::Error> for PodError {
     fn from(e: crust_store::Error) -> Self {
         PodError::Internal(e.to_string())
+    }
+}
+
+impl From<tokio::task::JoinError> for PodError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        PodError::internal("pod task", e)
     }
 }

@@ -33,13 +33,19 @@
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crust_api::v1::NamespaceMode;
-use crust_shim::{RuntimeConfig, Shim, ShimConfig, SpawnOptions};
+use crust_shim::RuntimeConfig;
 
 use super::{PodError, PodRecord};
-use crate::daemon::Daemon;
+use crate::launch::Launch;
+use crate::monitor::Monitor;
+
+/// How long the pause process's monitor may take to create it.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a SIGKILLed pause process may take to be reaped.
+const KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// Path of the program inside the pause rootfs.
 pub const COMMAND: &str = "/pause";
@@ -113,14 +119,15 @@ pub fn shares_pid(rec: &PodRecord) -> bool {
 
 /// Pid of the pod's pause process, if it runs.
 pub fn pid(rec: &PodRecord) -> Option<i32> {
-    Shim::connect(&dir(rec))
+    Monitor::connect(&dir(rec))
         .ok()
-        .map(|s| s.pid())
+        .map(|m| m.pid())
         .filter(|p| *p > 0)
 }
 
 /// Writes `<root>/pause/rootfs` (idempotent, replaced if different).
-fn ensure_rootfs(root: &Path) -> Result<PathBuf, PodError> {
+/// Blocking.
+pub fn ensure_rootfs(root: &Path) -> Result<PathBuf, PodError> {
     let io = |what: &str, p: &Path, e: std::io::Error| {
         PodError::Internal(format!("{what} {}: {e}", p.display()))
     };
@@ -152,97 +159,55 @@ fn ensure_rootfs(root: &Path) -> Result<PathBuf, PodError> {
     Ok(rootfs)
 }
 
-/// Starts the pause process of `rec` (blocking).
-pub fn start(d: &Daemon, rec: &PodRecord) -> Result<(), PodError> {
-    let runtime = d
-        .containers
-        .handlers
-        .get(&rec.runtime_handler)
-        .cloned()
-        .ok_or_else(|| {
-            PodError::invalid(
-                "runtime_handler",
-                format!("unknown runtime handler {:?}", rec.runtime_handler),
-            )
-        })?;
-    let rootfs = ensure_rootfs(&d.config.root)?;
-    let systemd = d.config.cgroup_driver == crate::config::CgroupDriver::Systemd;
-    let facts = crust_oci::PodFacts {
-        sandbox_id: rec.id.clone(),
-        net_ns: rec.namespaces.net.clone(),
-        ipc_ns: rec.namespaces.ipc.clone(),
-        uts_ns: rec.namespaces.uts.clone(),
-        // Below the pod cgroup, so that cgroup v2's no-internal-processes
-        // rule holds.
-        cgroup_parent: if systemd {
-            rec.cgroup_parent.clone()
-        } else {
-            rec.cgroup_path.display().to_string()
-        },
-        ..Default::default()
-    };
+/// What runs the pause process of `rec` from `rootfs`: its spec, bundle
+/// and monitor state dir, for [`crate::launch`]. `facts` are the pod's
+/// (namespaces, cgroup parent).
+pub fn launch(
+    rec: &PodRecord,
+    facts: &crust_oci::PodFacts,
+    runtime: RuntimeConfig,
+    rootfs: &Path,
+    runtime_facts: &crust_oci::RuntimeFacts,
+) -> Result<Launch, PodError> {
     let config = rec.sandbox_config();
     let spec = crust_oci::pause_spec(&crust_oci::PauseInput {
         sandbox_config: &config,
-        pod: &facts,
-        rootfs: &rootfs,
+        pod: facts,
+        rootfs,
         command: COMMAND,
-        runtime: &d.containers.facts,
+        runtime: runtime_facts,
     })
     .map_err(|e| PodError::Internal(format!("the pause process's spec: {e}")))?;
-    let mut spec = spec;
-    if matches!(runtime, RuntimeConfig::Embedded { .. }) {
-        crate::containers::embedded_compat(&mut spec);
-    }
     let state_dir = dir(rec);
-    let bundle = state_dir.join("bundle");
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&bundle)
-        .map_err(|e| PodError::Internal(format!("creating {}: {e}", bundle.display())))?;
-    let json = serde_json::to_vec(&spec).map_err(|e| PodError::Internal(e.to_string()))?;
-    std::fs::write(bundle.join("config.json"), json)
-        .map_err(|e| PodError::Internal(format!("writing the pause bundle: {e}")))?;
-    let shim = Shim::spawn(&SpawnOptions {
-        shim_binary: crate::containers::handlers::shim_binary(&d.config),
-        state_dir: state_dir.clone(),
-        config: ShimConfig {
-            id: rec.id.clone(),
-            bundle,
-            runtime,
-            log_path: None,
-            tty: false,
-            stdin: false,
-            stdin_once: false,
-        },
-        timeout: Duration::from_secs(60),
+    Ok(Launch {
+        id: rec.id.clone(),
+        bundle: state_dir.join("bundle"),
+        state_dir,
+        spec,
+        runtime,
+        log_path: None,
+        stdin: false,
+        stdin_once: false,
+        keep_spec: false,
+        timeout: CREATE_TIMEOUT,
     })
-    .map_err(|e| PodError::Internal(format!("creating the pause process: {e}")))?;
-    shim.start()
-        .map_err(|e| PodError::Internal(format!("starting the pause process: {e}")))?;
-    Ok(())
 }
 
 /// Stops the pause process (SIGKILL) and removes its state. Idempotent.
-pub fn stop(rec: &PodRecord) -> Result<(), PodError> {
+pub async fn stop(rec: &PodRecord) -> Result<(), PodError> {
     let state_dir = dir(rec);
-    if let Ok(shim) = Shim::connect(&state_dir) {
-        let _ = shim.kill(libc::SIGKILL, true);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while shim.is_alive() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if shim.is_alive() {
-            let _ = shim.kill_shim();
-        }
+    if let Ok(monitor) = Monitor::connect(&state_dir) {
+        monitor
+            .kill_and_reap(KILL_WAIT, Duration::from_millis(10))
+            .await;
     }
-    match std::fs::remove_dir_all(&state_dir) {
+    crate::tasks::blocking(move || match std::fs::remove_dir_all(&state_dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(PodError::Internal(format!(
             "removing {}: {e}",
             state_dir.display()
         ))),
-    }
+    })
+    .await
 }

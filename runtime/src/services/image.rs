@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use crust_api::v1::image_service_server::ImageService;
 use crust_api::v1::*;
@@ -25,7 +25,7 @@ use tonic::{Code, Request, Response, Status};
 use tracing::{info, warn};
 
 use super::{Cri, ResponseStream};
-use crate::daemon::containers_dir;
+use crate::clock::now_ns;
 
 #[tonic::async_trait]
 impl ImageService for Cri {
@@ -143,7 +143,7 @@ impl ImageService for Cri {
             .fs_usage()
             .await
             .map_err(|e| image_error("image filesystem usage", e))?;
-        let containers = containers_dir(config);
+        let containers = config.containers_dir();
         let dir = containers.clone();
         let writable =
             tokio::task::spawn_blocking(move || crust_image::usage::usage(&[dir.as_path()]))
@@ -309,13 +309,6 @@ fn fs_usage(mountpoint: &Path, usage: FsUsage, timestamp: i64) -> FilesystemUsag
             value: usage.inodes,
         }),
     }
-}
-
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

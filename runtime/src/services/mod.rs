@@ -1,20 +1,28 @@
-//! The CRI gRPC services. They stay thin: validate the request, call the
-//! crates that do the work, map errors to status codes.
+//! The CRI gRPC services. They stay thin: translate the request, hand it
+//! to the domain modules (`crate::lifecycle` for life-cycle steps,
+//! `crate::pods` and `crate::containers` for reads, `crust_image` for
+//! images), map their errors to status codes. Nothing below this module
+//! knows of tonic.
 
 mod admin;
 mod container;
+mod events;
 mod image;
 mod pod;
 mod runtime;
+mod stats;
 mod stream;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio_stream::Stream;
 use tonic::Status;
 
+use crate::containers::ContainerError;
 use crate::daemon::Daemon;
+use crate::pods::PodError;
 
 pub use admin::Admin;
 
@@ -60,6 +68,46 @@ macro_rules! not_yet {
     };
 }
 pub(crate) use not_yet;
+
+/// Runs a lifecycle operation as its own task, so that a client going away
+/// mid-call (the RPC future is dropped) cannot cut it off halfway.
+async fn detached<T: Send + 'static, E: Send + 'static>(
+    op: impl Future<Output = Result<T, E>> + Send + 'static,
+    status: impl FnOnce(E) -> Status,
+) -> Result<T, Status> {
+    tokio::spawn(op).await.map_err(internal)?.map_err(status)
+}
+
+/// Labels and annotations as CRI messages carry them.
+fn map(
+    m: &std::collections::BTreeMap<String, String>,
+) -> std::collections::HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// A pod error as the gRPC status a client can act on.
+fn pod_error(e: PodError) -> Status {
+    match e {
+        PodError::InvalidArgument(m) => Status::invalid_argument(m),
+        PodError::NotFound(m) => Status::not_found(m),
+        PodError::AlreadyExists(m) => Status::already_exists(m),
+        PodError::Unimplemented(m) => Status::unimplemented(m),
+        PodError::Unavailable(m) => Status::unavailable(m),
+        PodError::Internal(m) => Status::internal(m),
+    }
+}
+
+/// A container error as the gRPC status a client can act on.
+fn container_error(e: ContainerError) -> Status {
+    match e {
+        ContainerError::InvalidArgument(m) => Status::invalid_argument(m),
+        ContainerError::NotFound(m) => Status::not_found(m),
+        ContainerError::AlreadyExists(m) => Status::already_exists(m),
+        ContainerError::FailedPrecondition(m) => Status::failed_precondition(m),
+        ContainerError::DeadlineExceeded(m) => Status::deadline_exceeded(m),
+        ContainerError::Internal(m) => Status::internal(m),
+    }
+}
 
 /// Store failures are the daemon's problem, not the caller's.
 fn internal(e: impl std::fmt::Display) -> Status {

@@ -1,24 +1,25 @@
 //! Pod sandbox RPCs: RunPodSandbox, StopPodSandbox, RemovePodSandbox,
-//! PodSandboxStatus, ListPodSandbox. Translation only; the work is in
-//! `crate::pods`.
+//! PodSandboxStatus, ListPodSandbox. Translation only; life-cycle steps go
+//! through `crate::lifecycle`, reads to `crate::pods`.
 
 use std::collections::HashMap;
-use std::future::Future;
 
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, internal};
-use crate::pods::{self, ListFilter, PodError, PodRecord, PodSpec, PodState};
+use super::{Cri, detached, map, pod_error};
+use crate::clock::now_ns;
+use crate::pods::{ListFilter, PodRecord, PodSpec, PodState};
 
 impl Cri {
     pub(super) async fn run_pod_sandbox_impl(
         &self,
         req: Request<RunPodSandboxRequest>,
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
-        let handlers: Vec<String> = self.daemon.containers.handlers.keys().cloned().collect();
-        let spec = PodSpec::from_request_with(req.into_inner(), &handlers).map_err(pod_status)?;
-        let id = detached(pods::run(self.daemon.clone(), spec)).await?;
+        let handlers: Vec<String> = self.daemon.handlers.names().cloned().collect();
+        let spec = PodSpec::from_request_with(req.into_inner(), &handlers).map_err(pod_error)?;
+        let d = self.daemon.clone();
+        let id = detached(async move { d.lifecycle.run_pod(spec).await }, pod_error).await?;
         Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
     }
 
@@ -27,7 +28,8 @@ impl Cri {
         req: Request<StopPodSandboxRequest>,
     ) -> Result<Response<StopPodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
-        detached(pods::stop(self.daemon.clone(), id)).await?;
+        let d = self.daemon.clone();
+        detached(async move { d.lifecycle.stop_pod(&id).await }, pod_error).await?;
         Ok(Response::new(StopPodSandboxResponse {}))
     }
 
@@ -36,7 +38,8 @@ impl Cri {
         req: Request<RemovePodSandboxRequest>,
     ) -> Result<Response<RemovePodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
-        detached(pods::remove(self.daemon.clone(), id)).await?;
+        let d = self.daemon.clone();
+        detached(async move { d.lifecycle.remove_pod(&id).await }, pod_error).await?;
         Ok(Response::new(RemovePodSandboxResponse {}))
     }
 
@@ -49,10 +52,11 @@ impl Cri {
             .daemon
             .pods
             .get(&req.pod_sandbox_id)
-            .map_err(pod_status)?;
+            .map_err(pod_error)?;
         let mut info = HashMap::new();
         if req.verbose {
-            info.insert("info".to_string(), pods::verbose_info(&rec).to_string());
+            let v = self.daemon.pods.verbose_info(&rec);
+            info.insert("info".to_string(), v.to_string());
         }
         Ok(Response::new(PodSandboxStatusResponse {
             status: Some(sandbox_status(&rec)),
@@ -104,28 +108,6 @@ impl Cri {
     }
 }
 
-/// Runs a pod operation as its own task, so that a client going away
-/// mid-call (the RPC future is dropped) cannot cut it off halfway.
-async fn detached<T: Send + 'static>(
-    op: impl Future<Output = Result<T, PodError>> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::spawn(op)
-        .await
-        .map_err(internal)?
-        .map_err(pod_status)
-}
-
-pub(super) fn pod_status(e: PodError) -> Status {
-    match e {
-        PodError::InvalidArgument(m) => Status::invalid_argument(m),
-        PodError::NotFound(m) => Status::not_found(m),
-        PodError::AlreadyExists(m) => Status::already_exists(m),
-        PodError::Unimplemented(m) => Status::unimplemented(m),
-        PodError::Unavailable(m) => Status::unavailable(m),
-        PodError::Internal(m) => Status::internal(m),
-    }
-}
-
 pub(super) fn sandbox_status(rec: &PodRecord) -> PodSandboxStatus {
     let ips = rec.ips();
     let config = rec.sandbox_config();
@@ -172,15 +154,4 @@ fn state_of(rec: &PodRecord) -> PodSandboxState {
         PodState::Ready => PodSandboxState::SandboxReady,
         PodState::NotReady | PodState::Creating => PodSandboxState::SandboxNotready,
     }
-}
-
-fn map(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

@@ -382,6 +382,23 @@ impl RuntimeService for Cri {
 }
 
 impl Cri {
+    /// Status's runtime handlers with their features.
+    pub(super) fn runtime_handlers(&self) -> Vec<RuntimeHandler> {
+        let handlers = &self.daemon.handlers;
+        handlers
+            .names()
+            .map(|name| RuntimeHandler {
+                name: name.clone(),
+                features: Some(RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: handlers.features(name).recursive_read_only_mounts,
+                    // Pods in user namespaces are not implemented (refused
+                    // by CreateContainer / RunPodSandbox).
+                    user_namespaces: false,
+                }),
+            })
+            .collect()
+    }
+
     /// NetworkReady follows the CNI config dir, re-read on every call so a
     /// config dropped in later (or removed) is seen without a restart.
     fn network_condition(&self) -> RuntimeCondition {

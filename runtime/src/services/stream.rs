@@ -5,8 +5,7 @@
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::Cri;
-use super::pod::pod_status;
+use super::{Cri, container_error, pod_error};
 use crate::containers::ContainerState;
 use crate::pods::PodState;
 
@@ -24,7 +23,7 @@ impl Cri {
 
     /// The full ID of a running container.
     fn running_container_id(&self, id: &str) -> Result<String, Status> {
-        let rec = self.daemon.containers.get(id)?;
+        let rec = self.daemon.containers.get(id).map_err(container_error)?;
         if rec.state != ContainerState::Running {
             return Err(Status::failed_precondition(format!(
                 "container {} is not running (state {})",
@@ -101,11 +100,7 @@ impl Cri {
                 }
             }
         }
-        let pod = self
-            .daemon
-            .pods
-            .get(&r.pod_sandbox_id)
-            .map_err(pod_status)?;
+        let pod = self.daemon.pods.get(&r.pod_sandbox_id).map_err(pod_error)?;
         if pod.state != PodState::Ready {
             return Err(Status::failed_precondition(format!(
                 "pod sandbox {} is not ready",

@@ -21,8 +21,50 @@ const SEARCH_PATH: &[&str] = &[
 /// The embedded runtime's handler name.
 pub const EMBEDDED: &str = "embedded";
 
+/// The runtime handlers of this node, with how the monitor runs each and
+/// what each can do. Fixed at start.
+#[derive(Debug, Clone, Default)]
+pub struct Handlers {
+    configs: BTreeMap<String, RuntimeConfig>,
+    features: BTreeMap<String, HandlerFeatures>,
+}
+
+impl Handlers {
+    /// The handlers `config` names (and the built-in ones), with their
+    /// features detected.
+    pub async fn detect(config: &Config) -> Handlers {
+        let configs = resolve(config);
+        let features = detect_features(&configs).await;
+        Handlers { configs, features }
+    }
+
+    /// Handlers given as they are (tests).
+    #[cfg(test)]
+    pub fn from_parts(
+        configs: BTreeMap<String, RuntimeConfig>,
+        features: BTreeMap<String, HandlerFeatures>,
+    ) -> Handlers {
+        Handlers { configs, features }
+    }
+
+    /// How the monitor runs the handler `name`; None if there is none.
+    pub fn get(&self, name: &str) -> Option<&RuntimeConfig> {
+        self.configs.get(name)
+    }
+
+    /// Every handler's name, in order.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.configs.keys()
+    }
+
+    /// What the handler `name` can do (nothing if it is unknown).
+    pub fn features(&self, name: &str) -> HandlerFeatures {
+        self.features.get(name).copied().unwrap_or_default()
+    }
+}
+
 /// Every handler of this node by name, with how the monitor runs it.
-pub fn resolve(config: &Config) -> BTreeMap<String, RuntimeConfig> {
+fn resolve(config: &Config) -> BTreeMap<String, RuntimeConfig> {
     let systemd_cgroup = config.cgroup_driver == CgroupDriver::Systemd;
     let root_for = |name: &str| {
         let dir = if name.is_empty() { "default" } else { name };
@@ -99,17 +141,6 @@ fn find_in_path(p: &Path) -> Option<PathBuf> {
         .find(|c| c.is_file())
 }
 
-/// The `crust-shim` binary: configured, else next to this executable.
-pub fn shim_binary(config: &Config) -> PathBuf {
-    if let Some(p) = &config.shim_binary {
-        return p.clone();
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(|d| d.join("crust-shim")))
-        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/crust-shim"))
-}
-
 /// What a handler can do, as Status reports it and CreateContainer checks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HandlerFeatures {
@@ -120,7 +151,7 @@ pub struct HandlerFeatures {
 /// Detects every handler's features once (a CLI runtime is asked with its
 /// `features` command, as containerd does; one that has none, or does not
 /// list `rro`, is taken not to support it).
-pub async fn detect_features(
+async fn detect_features(
     handlers: &BTreeMap<String, RuntimeConfig>,
 ) -> BTreeMap<String, HandlerFeatures> {
     let kernel_rro = nix::sys::utsname::uname()

@@ -1,0 +1,526 @@
+//! A container's life cycle: CreateContainer (and the undo of a failed
+//! one), StartContainer, StopContainer, RemoveContainer, and the calls on a
+//! running container (ExecSync, ReopenContainerLog,
+//! UpdateContainerResources).
+//!
+//! States: CREATING (record written, effects under way; invisible) ->
+//! CREATED (monitor up, process not started) -> RUNNING -> EXITED. A
+//! container that cannot be started is EXITED with reason StartError.
+//! Stop and Remove are idempotent, also for unknown IDs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crust_api::v1::{ContainerConfig, LinuxContainerResources};
+use crust_shim::{ExecRequest, ExecSyncOutput};
+use prost::Message;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::host::KILL_WAIT;
+use super::record::{ContainerRecord, ContainerState};
+use super::spec::{self, Built, Parts};
+use super::validate;
+use super::{ContainerError, Containers, PodView};
+use crate::clock::now_ns;
+use crate::events::EventKind;
+use crate::images::ImageFacts;
+use crate::index::{Entry, ReserveError};
+use crate::launch::Launch;
+use crate::tasks::blocking;
+
+/// How long the monitor may take to create a container.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl Containers {
+    /// CreateContainer, with `config` from [`validate::checked_config`]
+    /// and its pod as the pod is now.
+    pub async fn create(
+        self: &Arc<Self>,
+        pod: PodView,
+        config: ContainerConfig,
+    ) -> Result<String, ContainerError> {
+        let md = config.metadata.clone().unwrap_or_default();
+        if !pod.ready {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "pod sandbox {} is not ready",
+                pod.id
+            )));
+        }
+        let image_name = validate::image_name(&config)?;
+        let image = self
+            .images
+            .resolve(&image_name)
+            .map_err(ContainerError::internal)?
+            .ok_or_else(|| ContainerError::NotFound(format!("image {image_name:?} not found")))?;
+        let runtime = self
+            .handlers
+            .get(&pod.runtime_handler)
+            .cloned()
+            .ok_or_else(|| {
+                ContainerError::FailedPrecondition(format!(
+                    "the pod's runtime handler {:?} is no longer configured",
+                    pod.runtime_handler
+                ))
+            })?;
+        let key = (pod.id.clone(), md.name.clone(), md.attempt);
+        let id = self
+            .index
+            .reserve(key.clone(), crate::ids::new_id)
+            .map_err(|e| match e {
+                ReserveError::Taken(owner) => ContainerError::AlreadyExists(format!(
+                    "container name {:?} attempt {} is already in use in pod sandbox {} by \
+                     container {owner}",
+                    md.name, md.attempt, pod.id
+                )),
+                ReserveError::NewId(e) => ContainerError::internal(e),
+            })?;
+        let state_dir = self.dirs.run_dir.join(&id);
+        let bundle = state_dir.join("bundle");
+        let log_path = if pod.log_directory.is_empty() || config.log_path.is_empty() {
+            None
+        } else {
+            Some(Path::new(&pod.log_directory).join(&config.log_path))
+        };
+        let mut rec = ContainerRecord {
+            id: id.clone(),
+            pod_id: pod.id.clone(),
+            name: md.name.clone(),
+            attempt: md.attempt,
+            state: ContainerState::Creating,
+            created_at: now_ns(),
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: image_name,
+            image_ref: image.id.clone(),
+            labels: config.labels.clone().into_iter().collect(),
+            annotations: config.annotations.clone().into_iter().collect(),
+            log_path,
+            config: hex::encode(config.encode_to_vec()),
+            image_request: Some(config.image.clone().into()),
+            handler: pod.runtime_handler.clone(),
+            runtime,
+            rootfs: bundle.join("rootfs"),
+            bundle,
+            state_dir,
+            layer_dir: self.dirs.layers_dir.join(&id),
+            user: None,
+            resources: config
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.as_ref())
+                .map(|r| hex::encode(r.encode_to_vec())),
+            stop_signal: libc::SIGTERM,
+            pid: 0,
+        };
+        if let Err(e) = self.store_put(&rec).await {
+            self.index.release(&key);
+            return Err(e);
+        }
+        if let Err(e) = self.create_effects(&mut rec, &pod, &config, &image).await {
+            warn!(id, "container creation failed, undoing it: {e}");
+            self.undo_create(&rec).await;
+            self.index.release(&key);
+            return Err(e);
+        }
+        rec.state = ContainerState::Created;
+        self.store_put(&rec).await?;
+        info!(id, name = %rec.name, pod = %rec.pod_id, "container created");
+        self.emit(EventKind::Created, &rec);
+        self.index.publish(&id, key, rec);
+        self.watch(id.clone());
+        Ok(id)
+    }
+
+    /// Everything CreateContainer does to the node, in order: lease the
+    /// image's layers, mount the rootfs, generate the spec, launch the
+    /// monitor. Fills in what the record learns on the way.
+    async fn create_effects(
+        &self,
+        rec: &mut ContainerRecord,
+        pod: &PodView,
+        config: &ContainerConfig,
+        image: &ImageFacts,
+    ) -> Result<(), ContainerError> {
+        let lowers = self
+            .images
+            .lease(&rec.id, &image.id)
+            .await
+            .map_err(|e| ContainerError::NotFound(format!("image {:?}: {e}", rec.image)))?;
+        let target_pid_ns = self.target_pid_ns(config, &pod.id)?;
+        let runtime_facts = crust_oci::RuntimeFacts {
+            rro_supported: self
+                .handlers
+                .features(&pod.runtime_handler)
+                .recursive_read_only_mounts,
+            ..self.facts.clone()
+        };
+        let built = {
+            let host = self.host.clone();
+            let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
+            blocking(move || -> Result<Built, ContainerError> {
+                host.prepare_rootfs(&r, &lowers)?;
+                let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
+                let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;
+                let parts = Parts {
+                    id: &r.id,
+                    config: &config,
+                    pod: &pod,
+                    image_name: &r.image,
+                    image: &image,
+                    rootfs: &r.rootfs,
+                    etc_passwd: passwd.as_deref(),
+                    etc_group: group.as_deref(),
+                    target_pid_ns,
+                    runtime: &runtime_facts,
+                };
+                spec::build(&parts, host.spec_host())
+            })
+            .await?
+        };
+        // The spec is final from here on: adjustments from outside (NRI
+        // plugins' CreateContainer) would be applied to `built.spec` before
+        // the launch, handed down from `crate::lifecycle`.
+        let pid = self
+            .host
+            .launch(Launch {
+                id: rec.id.clone(),
+                state_dir: rec.state_dir.clone(),
+                bundle: rec.bundle.clone(),
+                spec: built.spec,
+                runtime: rec.runtime.clone(),
+                log_path: rec.log_path.clone(),
+                stdin: config.stdin,
+                stdin_once: config.stdin_once,
+                keep_spec: true,
+                timeout: CREATE_TIMEOUT,
+            })
+            .await?;
+        rec.user = Some(built.user);
+        rec.stop_signal = built.stop_signal;
+        rec.pid = pid;
+        Ok(())
+    }
+
+    /// pid mode TARGET: the PID namespace of another running container of
+    /// the same pod.
+    fn target_pid_ns(
+        &self,
+        config: &ContainerConfig,
+        pod_id: &str,
+    ) -> Result<Option<PathBuf>, ContainerError> {
+        let target = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref())
+            .map(|n| n.target_id.clone())
+            .unwrap_or_default();
+        if target.is_empty() {
+            return Ok(None);
+        }
+        let t = self.get(&target).map_err(|_| {
+            ContainerError::NotFound(format!(
+                "config.linux.security_context.namespace_options.target_id: container \
+                 {target:?} not found"
+            ))
+        })?;
+        if t.pod_id != pod_id || t.state != ContainerState::Running || t.pid <= 0 {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "target container {target} is not running in pod sandbox {pod_id}"
+            )));
+        }
+        Ok(Some(PathBuf::from(format!("/proc/{}/ns/pid", t.pid))))
+    }
+
+    /// Undoes a failed create: the node, the lease, the record (if the
+    /// node could be cleaned; else the record stays for the next start).
+    async fn undo_create(&self, rec: &ContainerRecord) {
+        match self.teardown(rec).await {
+            Ok(()) => {
+                let _ = self.images.release(&rec.id).await;
+                let _ = self.store_delete(&rec.id).await;
+            }
+            Err(c) => warn!(id = %rec.id, "undoing the failed container failed: {c}"),
+        }
+    }
+
+    /// StartContainer.
+    pub async fn start(&self, id: &str) -> Result<(), ContainerError> {
+        let entry = self.get_entry(id)?;
+        let op = entry.lock().await;
+        if op.is_removed() {
+            return Err(ContainerError::NotFound(format!(
+                "container {id:?} not found"
+            )));
+        }
+        let mut rec = self.refresh(&entry);
+        if rec.state != ContainerState::Created {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "container {} is {}, not CREATED",
+                rec.id,
+                rec.state.as_str()
+            )));
+        }
+        if let Err(e) = self.host.start(&rec.state_dir).await {
+            // The container cannot run any more; it shows as exited.
+            rec.state = ContainerState::Exited;
+            rec.started_at = 0;
+            rec.finished_at = now_ns();
+            rec.exit_code = 128;
+            rec.reason = "StartError".into();
+            rec.message = e.message().to_string();
+            let _ = self.store_put(&rec).await;
+            entry.set(rec);
+            return Err(ContainerError::Internal(format!(
+                "starting container {id}: {}",
+                e.message()
+            )));
+        }
+        rec.state = ContainerState::Running;
+        rec.started_at = now_ns();
+        self.store_put(&rec).await?;
+        entry.set(rec.clone());
+        self.emit(EventKind::Started, &rec);
+        info!(id = %rec.id, "container started");
+        // A container that exited at once is reported so.
+        self.refresh(&entry);
+        Ok(())
+    }
+
+    /// StopContainer: the stop signal, SIGKILL after `timeout` seconds.
+    /// Idempotent; unknown IDs succeed.
+    pub async fn stop(&self, id: &str, timeout: i64) -> Result<(), ContainerError> {
+        let Some(entry) = self.resolve(id)? else {
+            return Ok(());
+        };
+        let op = entry.lock().await;
+        if op.is_removed() {
+            return Ok(());
+        }
+        self.stop_locked(&entry, timeout).await
+    }
+
+    async fn stop_locked(
+        &self,
+        entry: &Entry<ContainerRecord>,
+        timeout: i64,
+    ) -> Result<(), ContainerError> {
+        let rec = self.refresh(entry);
+        if !rec.state.is_live() {
+            return Ok(());
+        }
+        let signal = if timeout <= 0 || rec.state == ContainerState::Created {
+            libc::SIGKILL
+        } else {
+            rec.stop_signal
+        };
+        if let Err(e) = self.host.kill(&rec.state_dir, signal, false).await {
+            debug!(id = %rec.id, "stop signal: {e}");
+        }
+        if signal != libc::SIGKILL {
+            let grace = Duration::from_secs(timeout.clamp(0, 24 * 3600) as u64);
+            if self.wait_exit(entry, grace).await {
+                return Ok(());
+            }
+        }
+        if signal != libc::SIGKILL || rec.state == ContainerState::Running {
+            let _ = self.host.kill(&rec.state_dir, libc::SIGKILL, true).await;
+        }
+        if self.wait_exit(entry, KILL_WAIT).await {
+            return Ok(());
+        }
+        Err(ContainerError::Internal(format!(
+            "container {} did not exit after SIGKILL",
+            rec.id
+        )))
+    }
+
+    /// Waits (reading the exit file) until the container has exited.
+    async fn wait_exit(&self, entry: &Entry<ContainerRecord>, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let rec = self.refresh(entry);
+            if rec.state == ContainerState::Exited {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// RemoveContainer: stops it (SIGKILL) if needed, then removes its
+    /// rootfs, bundle, monitor state, image lease and record; the log file
+    /// stays. Idempotent; unknown IDs succeed. Returns the ID of the
+    /// container it removed.
+    pub async fn remove(&self, id: &str) -> Result<Option<String>, ContainerError> {
+        let Some(entry) = self.resolve(id)? else {
+            return Ok(None);
+        };
+        let mut op = entry.lock().await;
+        if op.is_removed() {
+            return Ok(None);
+        }
+        self.stop_locked(&entry, 0).await?;
+        let rec = entry.snapshot();
+        self.teardown(&rec).await?;
+        self.images.release(&rec.id).await.map_err(|e| {
+            ContainerError::Internal(format!("releasing the image of {}: {e}", rec.id))
+        })?;
+        self.store_delete(&rec.id).await?;
+        self.index.unpublish(&rec.id, &rec.name_key());
+        op.mark_removed();
+        self.emit(EventKind::Deleted, &rec);
+        info!(id = %rec.id, "container removed");
+        Ok(Some(rec.id))
+    }
+
+    /// Stops (timeout 0) every container of a pod, at once.
+    pub async fn stop_all_of_pod(self: &Arc<Self>, pod_id: &str) -> Result<(), ContainerError> {
+        self.for_all_of_pod(pod_id, |cs, id| async move { cs.stop(&id, 0).await })
+            .await
+            .map(drop)
+    }
+
+    /// Removes every container of a pod, at once; returns the IDs removed.
+    pub async fn remove_all_of_pod(
+        self: &Arc<Self>,
+        pod_id: &str,
+    ) -> Result<Vec<String>, ContainerError> {
+        self.for_all_of_pod(pod_id, |cs, id| async move { cs.remove(&id).await })
+            .await
+            .map(|ids| ids.into_iter().flatten().collect())
+    }
+
+    /// Runs `op` on every container of the pod, concurrently; the first
+    /// error, once all are done.
+    async fn for_all_of_pod<T, F>(
+        self: &Arc<Self>,
+        pod_id: &str,
+        op: impl Fn(Arc<Containers>, String) -> F,
+    ) -> Result<Vec<T>, ContainerError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, ContainerError>> + Send + 'static,
+    {
+        let tasks: Vec<_> = self
+            .ids_of_pod(pod_id)
+            .into_iter()
+            .map(|id| tokio::spawn(op(self.clone(), id)))
+            .collect();
+        let mut done = Vec::new();
+        let mut first_err = None;
+        for t in tasks {
+            match t.await.map_err(ContainerError::from) {
+                Ok(Ok(v)) => done.push(v),
+                Ok(Err(e)) | Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(done), Err)
+    }
+
+    /// ExecSync: runs `cmd` in a running container.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout_s: i64,
+    ) -> Result<ExecSyncOutput, ContainerError> {
+        validate::check_exec_sync(&cmd, timeout_s)?;
+        let rec = self.get(id)?;
+        if rec.state != ContainerState::Running {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "container {} is not running",
+                rec.id
+            )));
+        }
+        let req = ExecRequest {
+            args: cmd,
+            timeout_ms: (timeout_s as u64).saturating_mul(1000),
+            ..Default::default()
+        };
+        let out = self.host.exec_sync(&rec.state_dir, &req).await?;
+        if out.timed_out {
+            return Err(ContainerError::DeadlineExceeded(format!(
+                "command timeout {timeout_s}s exceeded"
+            )));
+        }
+        Ok(out)
+    }
+
+    /// ReopenContainerLog.
+    pub async fn reopen_log(&self, id: &str) -> Result<(), ContainerError> {
+        let rec = self.get(id)?;
+        if rec.state != ContainerState::Running {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "container {} is not running",
+                rec.id
+            )));
+        }
+        self.host.reopen_log(&rec.state_dir).await
+    }
+
+    /// UpdateContainerResources: applied live through the monitor, then
+    /// recorded for ContainerStatus.
+    pub async fn update(
+        &self,
+        id: &str,
+        resources: Option<LinuxContainerResources>,
+    ) -> Result<(), ContainerError> {
+        let entry = self.get_entry(id)?;
+        let _op = entry.lock().await;
+        let mut rec = self.refresh(&entry);
+        let Some(res) = resources else {
+            return Ok(());
+        };
+        if !rec.state.is_live() {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "container {} is not running",
+                rec.id
+            )));
+        }
+        let oci = spec::update_resources(&res, &self.facts)?;
+        self.host.update(&rec.state_dir, &oci).await?;
+        rec.resources = Some(hex::encode(res.encode_to_vec()));
+        self.store_put(&rec).await?;
+        entry.set(rec);
+        Ok(())
+    }
+
+    /// Undoes everything a container's record says it may have on the
+    /// node (but the image lease and the record): the monitor (or, without
+    /// one, what is left in the cgroup), the runtime's state, the rootfs
+    /// mount, the state and layer dirs. Idempotent.
+    pub(super) async fn teardown(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        let orphan = !self.host.reap_monitor(&rec.state_dir).await;
+        let (host, rec) = (self.host.clone(), rec.clone());
+        blocking(move || {
+            if orphan {
+                host.kill_orphan(&rec);
+            }
+            host.delete_runtime_state(&rec);
+            host.unmount_rootfs(&rec.rootfs)?;
+            host.remove_tree(&rec.state_dir)?;
+            host.remove_tree(&rec.layer_dir)
+        })
+        .await
+    }
+
+    pub(super) async fn store_put(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        let (store, rec) = (self.store.clone(), rec.clone());
+        blocking(move || Ok(store.put(&rec)?)).await
+    }
+
+    pub(super) async fn store_delete(&self, id: &str) -> Result<(), ContainerError> {
+        let (store, id) = (self.store.clone(), id.to_string());
+        blocking(move || Ok(store.delete::<ContainerRecord>(&id).map(drop)?)).await
+    }
+}

@@ -1,0 +1,150 @@
+//! Checks of what a client sends for a container, before anything is
+//! touched. Errors name the field.
+
+use crust_api::v1::ContainerConfig;
+
+use super::error::ContainerError;
+
+fn invalid(m: String) -> ContainerError {
+    ContainerError::InvalidArgument(m)
+}
+
+/// CreateContainer's `config`: present, with metadata, a usable name and a
+/// safe log path.
+pub fn checked_config(config: Option<ContainerConfig>) -> Result<ContainerConfig, ContainerError> {
+    let config = config.ok_or_else(|| invalid("config: required".into()))?;
+    let md = config
+        .metadata
+        .as_ref()
+        .ok_or_else(|| invalid("config.metadata: required".into()))?;
+    check_name("config.metadata.name", &md.name)?;
+    check_log_path(&config.log_path)?;
+    Ok(config)
+}
+
+/// `config.image.image`, which CreateContainer needs.
+pub fn image_name(config: &ContainerConfig) -> Result<String, ContainerError> {
+    let name = config
+        .image
+        .as_ref()
+        .map(|i| i.image.clone())
+        .unwrap_or_default();
+    if name.is_empty() {
+        return Err(invalid("config.image.image: required".into()));
+    }
+    Ok(name)
+}
+
+/// ExecSync's command and timeout.
+pub fn check_exec_sync(cmd: &[String], timeout_s: i64) -> Result<(), ContainerError> {
+    if cmd.is_empty() {
+        return Err(invalid("cmd: required".into()));
+    }
+    if timeout_s < 0 {
+        return Err(invalid("timeout: must not be negative".into()));
+    }
+    Ok(())
+}
+
+/// `config.log_path`: relative, no `..`, no NUL.
+fn check_log_path(p: &str) -> Result<(), ContainerError> {
+    let bad = |why: &str| Err(invalid(format!("config.log_path: {p:?} {why}")));
+    if p.contains('\0') {
+        return bad("contains NUL");
+    }
+    if p.starts_with('/') {
+        return bad("must be relative to the pod's log directory");
+    }
+    if p.split('/').any(|c| c == ".." || c == ".") {
+        return bad("must not contain '.' or '..' components");
+    }
+    if p.len() > 4096 {
+        return bad("is too long");
+    }
+    Ok(())
+}
+
+fn check_name(field: &str, name: &str) -> Result<(), ContainerError> {
+    if name.is_empty() {
+        return Err(invalid(format!("{field}: required")));
+    }
+    if name.len() > 253 || name.bytes().any(|b| b.is_ascii_control() || b == b'/') {
+        return Err(invalid(format!(
+            "{field}: {name:?} must be at most 253 printable characters without '/'"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crust_api::v1::{ContainerMetadata, ImageSpec};
+
+    fn config(name: &str, log_path: &str) -> Option<ContainerConfig> {
+        Some(ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            log_path: log_path.into(),
+            ..Default::default()
+        })
+    }
+
+    fn field_of(e: ContainerError) -> String {
+        match e {
+            ContainerError::InvalidArgument(m) => m.split(':').next().unwrap_or("").to_string(),
+            other => panic!("not InvalidArgument: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_and_metadata_are_required() {
+        assert_eq!(field_of(checked_config(None).unwrap_err()), "config");
+        let no_md = Some(ContainerConfig::default());
+        assert_eq!(
+            field_of(checked_config(no_md).unwrap_err()),
+            "config.metadata"
+        );
+        assert!(checked_config(config("web", "web/0.log")).is_ok());
+    }
+
+    #[test]
+    fn names_are_printable_and_without_slashes() {
+        for bad in ["", "a/b", "tab\there", &"x".repeat(254)] {
+            let e = checked_config(config(bad, "")).unwrap_err();
+            assert_eq!(field_of(e), "config.metadata.name", "{bad:?}");
+        }
+        assert!(checked_config(config(&"x".repeat(253), "")).is_ok());
+    }
+
+    #[test]
+    fn log_paths_stay_inside_the_pod_log_dir() {
+        for bad in ["/var/log/x", "../x", "a/../../x", "./x", "a\0b"] {
+            let e = checked_config(config("web", bad)).unwrap_err();
+            assert_eq!(field_of(e), "config.log_path", "{bad:?}");
+        }
+        let long = "a/".repeat(2049);
+        assert!(checked_config(config("web", &long)).is_err());
+        assert!(checked_config(config("web", "")).is_ok());
+        assert!(checked_config(config("web", "web_0/0.log")).is_ok());
+    }
+
+    #[test]
+    fn image_and_exec_sync_arguments() {
+        let mut c = config("web", "").unwrap();
+        assert_eq!(field_of(image_name(&c).unwrap_err()), "config.image.image");
+        c.image = Some(ImageSpec {
+            image: "busybox".into(),
+            ..Default::default()
+        });
+        assert_eq!(image_name(&c).unwrap(), "busybox");
+        assert_eq!(field_of(check_exec_sync(&[], 0).unwrap_err()), "cmd");
+        assert_eq!(
+            field_of(check_exec_sync(&["true".into()], -1).unwrap_err()),
+            "timeout"
+        );
+        assert!(check_exec_sync(&["true".into()], 0).is_ok());
+    }
+}

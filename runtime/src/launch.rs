@@ -1,0 +1,160 @@
+//! The one way the daemon runs something under a monitor, for containers
+//! and for a pod's pause process alike: write the OCI bundle (patched for
+//! the runtime that reads it), spawn the monitor, which creates the
+//! container, and later start it ([`Monitor::start`]).
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crust_oci::Spec;
+use crust_shim::{RuntimeConfig, ShimConfig, SpawnOptions};
+
+use crate::config::Config;
+use crate::monitor::Monitor;
+use crate::tasks::blocking;
+
+/// What to run and where its monitor keeps its state.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The ID the OCI runtime knows it by.
+    pub id: String,
+    /// The monitor's state dir.
+    pub state_dir: PathBuf,
+    /// The OCI bundle dir (created if missing; `config.json` goes there).
+    pub bundle: PathBuf,
+    /// The spec as generated; [`embedded_compat`] is applied for the
+    /// embedded runtime.
+    pub spec: Spec,
+    pub runtime: RuntimeConfig,
+    /// The CRI log file (its dir is created); None writes no log.
+    pub log_path: Option<PathBuf>,
+    pub stdin: bool,
+    pub stdin_once: bool,
+    /// Also keep the unpatched spec as `<bundle>/spec.json` (what
+    /// verbose ContainerStatus shows).
+    pub keep_spec: bool,
+    /// How long the monitor may take to create the container.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Writing the bundle failed (the message names the path).
+    #[error("{0}")]
+    Bundle(String),
+    /// The monitor or the runtime could not create the container.
+    #[error("{0}")]
+    Monitor(crust_shim::Error),
+}
+
+impl From<tokio::task::JoinError> for LaunchError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        LaunchError::Bundle(format!("writing the bundle: {e}"))
+    }
+}
+
+/// Spawns monitors with the configured `crust-shim` binary.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    shim_binary: PathBuf,
+}
+
+impl Launcher {
+    pub fn new(shim_binary: PathBuf) -> Launcher {
+        Launcher { shim_binary }
+    }
+
+    /// The `crust-shim` binary the config names, else the one next to
+    /// this executable.
+    pub fn from_config(config: &Config) -> Launcher {
+        let shim_binary = config.shim_binary.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join("crust-shim")))
+                .unwrap_or_else(|| PathBuf::from("/usr/local/bin/crust-shim"))
+        });
+        Launcher::new(shim_binary)
+    }
+
+    /// Writes the bundle and spawns the monitor; returns once the
+    /// container is created (not started).
+    pub async fn create(&self, launch: Launch) -> Result<Monitor, LaunchError> {
+        let tty = launch
+            .spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.terminal())
+            .unwrap_or(false);
+        let opts = SpawnOptions {
+            shim_binary: self.shim_binary.clone(),
+            state_dir: launch.state_dir.clone(),
+            config: ShimConfig {
+                id: launch.id.clone(),
+                bundle: launch.bundle.clone(),
+                runtime: launch.runtime.clone(),
+                log_path: launch.log_path.clone(),
+                tty,
+                stdin: launch.stdin,
+                stdin_once: launch.stdin_once,
+            },
+            timeout: launch.timeout,
+        };
+        blocking(move || write_bundle(&launch)).await?;
+        Monitor::spawn(opts).await.map_err(LaunchError::Monitor)
+    }
+}
+
+fn write_bundle(l: &Launch) -> Result<(), LaunchError> {
+    let bundle_err = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
+        LaunchError::Bundle(format!("{what} {}: {e}", p.display()))
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&l.bundle)
+        .map_err(|e| bundle_err("creating", &l.bundle, &e))?;
+    let encode = |e: serde_json::Error| LaunchError::Bundle(format!("encoding the spec: {e}"));
+    if l.keep_spec {
+        let path = l.bundle.join("spec.json");
+        let json = serde_json::to_vec_pretty(&l.spec).map_err(encode)?;
+        std::fs::write(&path, json).map_err(|e| bundle_err("writing", &path, &e))?;
+    }
+    let mut for_runtime = l.spec.clone();
+    if matches!(l.runtime, RuntimeConfig::Embedded { .. }) {
+        // youki reads SCMP_CMP_MASKED_EQ operands swapped (and not
+        // rshared): without this the default seccomp profile's clone
+        // rule would allow new namespaces.
+        embedded_compat(&mut for_runtime);
+    }
+    let path = l.bundle.join("config.json");
+    let json = serde_json::to_vec(&for_runtime).map_err(encode)?;
+    std::fs::write(&path, json).map_err(|e| bundle_err("writing", &path, &e))?;
+    if let Some(parent) = l.log_path.as_ref().and_then(|p| p.parent()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(|e| bundle_err("creating log dir", parent, &e))?;
+    }
+    Ok(())
+}
+
+/// What the embedded runtime (youki's libcontainer 0.7) needs besides
+/// [`crust_oci::libcontainer_compat`]: it loads seccomp early (before
+/// capabilities are dropped) only when `noNewPrivileges` is absent, and
+/// late otherwise, so `Some(false)` makes a filter without no_new_privs
+/// fail to load ("failed to load seccomp context"). Absent and false mean
+/// the same to the OCI spec. (Belongs in `libcontainer_compat`.) And on
+/// cgroup v1, in a pod's shared PID namespace, the `cgroup` mount spelled
+/// out ([`crust_oci::emulate_cgroup_v1_mount`]): libcontainer's own looks
+/// up the init's namespace pid in the host's /proc and fails the create.
+pub fn embedded_compat(spec: &mut Spec) {
+    crust_oci::libcontainer_compat(spec);
+    crust_oci::emulate_cgroup_v1_mount(spec, &crate::node::cgroup_v1_hierarchies());
+    if let Some(p) = spec.process_mut()
+        && p.no_new_privileges() == Some(false)
+    {
+        p.set_no_new_privileges(None);
+    }
+}

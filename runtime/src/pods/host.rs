@@ -1,0 +1,324 @@
+//! Everything a pod sandbox does to the node, behind one trait: the pod's
+//! dirs and files, pinned namespaces, cgroup, /dev/shm, CNI and the pause
+//! process. [`RealPodHost`] does it through the crates; the unit tests of
+//! the pod life cycle use a recording fake (`crate::fakes`), so the rules
+//! (what is undone when, in which order) are tested without root.
+//!
+//! Blocking methods are called from the blocking pool; `async` ones are
+//! I/O with child processes (CNI plugins, the pause process's monitor).
+
+use std::net::IpAddr;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crust_linux::cgroups::{Hierarchy, PodCgroup};
+use crust_linux::mounts;
+use crust_linux::ns::{self, PinOptions, PinnedNamespaces};
+use crust_network::config::{self as cni_config, ConfigError, NetworkConfigList};
+use crust_network::{Attachment, Cni};
+use crust_oci::RuntimeFacts;
+use serde_json::Value;
+
+use super::error::PodError;
+use super::record::PodRecord;
+use super::{files, pause};
+use crate::handlers::Handlers;
+use crate::launch::Launcher;
+
+/// Where cgroup hierarchies are mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// What a CNI ADD gave the pod.
+#[derive(Debug, Clone)]
+pub struct CniAdded {
+    /// The result as the last plugin printed it (prevResult for DEL).
+    pub raw: Value,
+    /// The pod's IPs on its interface, IPv4 first.
+    pub ips: Vec<IpAddr>,
+}
+
+/// A failed CNI ADD.
+#[derive(Debug, Clone)]
+pub struct CniAddFailed {
+    pub error: PodError,
+    /// The ADD could not undo its own partial work: a DEL is still owed.
+    pub del_owed: bool,
+}
+
+#[async_trait::async_trait]
+pub trait PodHost: Send + Sync + 'static {
+    /// The node's hostname, for a pod that names none.
+    fn node_hostname(&self) -> Result<String, PodError>;
+    /// The CNI network config a new pod joins (Unavailable if none).
+    fn load_network(&self) -> Result<NetworkConfigList, PodError>;
+    /// A node file to copy into a pod (bounded; a missing one is empty).
+    fn read_node_file(&self, path: &Path) -> Result<String, PodError>;
+    /// Whether a namespace is still pinned at `path`.
+    fn is_pinned(&self, path: &Path) -> bool;
+    /// The names in a dir (an unreadable dir has none).
+    fn list_dir(&self, dir: &Path) -> Vec<String>;
+
+    /// Creates a new dir (0711); an existing one is an error.
+    fn create_dir(&self, dir: &Path) -> Result<(), PodError>;
+    fn pin_namespaces(&self, ns_dir: &Path, opts: &PinOptions) -> Result<(), PodError>;
+    fn create_cgroup(&self, path: &Path) -> Result<(), PodError>;
+    fn mount_shm(&self, path: &Path) -> Result<(), PodError>;
+    /// Writes a pod file (never through a symlink; an existing file keeps
+    /// its inode, which containers bind-mount).
+    fn write_file(&self, path: &Path, content: &str) -> Result<(), PodError>;
+    /// Sysctls inside the pod's pinned namespaces.
+    fn apply_sysctls(&self, rec: &PodRecord, sysctls: &[(String, String)]) -> Result<(), PodError>;
+
+    async fn cni_add(
+        &self,
+        net: &NetworkConfigList,
+        att: &Attachment,
+    ) -> Result<CniAdded, CniAddFailed>;
+    /// CNI DEL (the namespace must still be pinned: the bridge plugin
+    /// finds its masquerade rules through it).
+    async fn cni_del(
+        &self,
+        net: &NetworkConfigList,
+        att: &Attachment,
+        prev_result: Option<&Value>,
+    ) -> Result<(), PodError>;
+
+    /// Runs the pod's pause process (PID 1 of its shared PID namespace).
+    async fn start_pause(
+        &self,
+        rec: &PodRecord,
+        facts: &crust_oci::PodFacts,
+    ) -> Result<(), PodError>;
+    /// Stops the pause process (SIGKILL) and removes its state.
+    /// Idempotent.
+    async fn stop_pause(&self, rec: &PodRecord) -> Result<(), PodError>;
+    /// Pid of the pod's pause process, if it runs.
+    fn pause_pid(&self, rec: &PodRecord) -> Option<i32>;
+
+    fn unpin_namespaces(&self, ns_dir: &Path) -> Result<(), PodError>;
+    /// Unmounts the pod's /dev/shm and removes its dir.
+    fn unmount_shm(&self, path: &Path) -> Result<(), PodError>;
+    fn delete_cgroup(&self, path: &Path) -> Result<(), PodError>;
+    /// Removes a dir and everything in it (never through a mount); a
+    /// missing one is no error.
+    fn remove_tree(&self, dir: &Path) -> Result<(), PodError>;
+    /// Removes an empty dir; a missing one is no error.
+    fn remove_empty_dir(&self, dir: &Path) -> Result<(), PodError>;
+}
+
+/// The node itself.
+pub struct RealPodHost {
+    cni: Cni,
+    cni_conf_dir: PathBuf,
+    hierarchy: Hierarchy,
+    launcher: Launcher,
+    handlers: Arc<Handlers>,
+    runtime_facts: RuntimeFacts,
+    /// `<root>`: the pause rootfs goes to `<root>/pause/rootfs`.
+    root: PathBuf,
+}
+
+impl RealPodHost {
+    pub fn new(
+        cni: Cni,
+        cni_conf_dir: PathBuf,
+        hierarchy: Hierarchy,
+        launcher: Launcher,
+        handlers: Arc<Handlers>,
+        runtime_facts: RuntimeFacts,
+        root: PathBuf,
+    ) -> RealPodHost {
+        RealPodHost {
+            cni,
+            cni_conf_dir,
+            hierarchy,
+            launcher,
+            handlers,
+            runtime_facts,
+            root,
+        }
+    }
+
+    fn cgroup(&self, path: &Path) -> Result<PodCgroup, PodError> {
+        PodCgroup::new(self.hierarchy, Path::new(CGROUP_ROOT), path)
+            .map_err(|e| PodError::linux("pod cgroup", e))
+    }
+}
+
+fn not_found_is_ok(r: std::io::Result<()>, dir: &Path) -> Result<(), PodError> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(PodError::Internal(format!(
+            "removing {}: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+#[async_trait::async_trait]
+impl PodHost for RealPodHost {
+    fn node_hostname(&self) -> Result<String, PodError> {
+        files::node_hostname()
+    }
+
+    fn load_network(&self) -> Result<NetworkConfigList, PodError> {
+        cni_config::load_default(&self.cni_conf_dir).map_err(|e| match e {
+            ConfigError::NotFound(_) => PodError::Unavailable(format!(
+                "the pod network is not ready: {e} (a pod with host network needs none)"
+            )),
+            e => PodError::Unavailable(format!("the pod network is not ready: {e}")),
+        })
+    }
+
+    fn read_node_file(&self, path: &Path) -> Result<String, PodError> {
+        files::read_node_file(path)
+    }
+
+    fn is_pinned(&self, path: &Path) -> bool {
+        ns::is_pinned(path)
+    }
+
+    fn list_dir(&self, dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn create_dir(&self, dir: &Path) -> Result<(), PodError> {
+        std::fs::DirBuilder::new()
+            .mode(0o711)
+            .create(dir)
+            .map_err(|e| PodError::internal(&format!("creating {}", dir.display()), e))
+    }
+
+    fn pin_namespaces(&self, ns_dir: &Path, opts: &PinOptions) -> Result<(), PodError> {
+        ns::pin_namespaces(ns_dir, opts)
+            .map(drop)
+            .map_err(|e| PodError::linux("pinning the pod's namespaces", e))
+    }
+
+    fn create_cgroup(&self, path: &Path) -> Result<(), PodError> {
+        self.cgroup(path)?
+            .create()
+            .map_err(|e| PodError::linux("creating the pod cgroup", e))
+    }
+
+    fn mount_shm(&self, path: &Path) -> Result<(), PodError> {
+        mounts::mount_shm(path, mounts::DEFAULT_SHM_SIZE)
+            .map_err(|e| PodError::linux("mounting the pod's /dev/shm", e))
+    }
+
+    fn write_file(&self, path: &Path, content: &str) -> Result<(), PodError> {
+        files::write(path, content)
+    }
+
+    fn apply_sysctls(&self, rec: &PodRecord, sysctls: &[(String, String)]) -> Result<(), PodError> {
+        let namespaces = &rec.namespaces;
+        let pinned = PinnedNamespaces {
+            net: namespaces.net.clone(),
+            ipc: namespaces.ipc.clone(),
+            uts: namespaces.uts.clone(),
+        };
+        ns::apply_sysctls(&pinned, sysctls).map_err(|e| PodError::linux("config.linux.sysctls", e))
+    }
+
+    async fn cni_add(
+        &self,
+        net: &NetworkConfigList,
+        att: &Attachment,
+    ) -> Result<CniAdded, CniAddFailed> {
+        match self.cni.add(net, att).await {
+            Ok(added) => Ok(CniAdded {
+                ips: added.pod_ips(&att.ifname),
+                raw: added.raw,
+            }),
+            Err(e) => Err(CniAddFailed {
+                // ADD undoes its own partial work; only if that failed too
+                // is a DEL still owed.
+                del_owed: matches!(e, crust_network::Error::AddAndCleanup { .. }),
+                error: PodError::network(&format!("CNI ADD to network {:?}", net.name), e),
+            }),
+        }
+    }
+
+    async fn cni_del(
+        &self,
+        net: &NetworkConfigList,
+        att: &Attachment,
+        prev_result: Option<&Value>,
+    ) -> Result<(), PodError> {
+        self.cni
+            .del(net, att, prev_result)
+            .await
+            .map_err(|e| PodError::internal("tearing down the pod network (CNI DEL)", e))
+    }
+
+    async fn start_pause(
+        &self,
+        rec: &PodRecord,
+        facts: &crust_oci::PodFacts,
+    ) -> Result<(), PodError> {
+        let runtime = self
+            .handlers
+            .get(&rec.runtime_handler)
+            .cloned()
+            .ok_or_else(|| {
+                PodError::invalid(
+                    "runtime_handler",
+                    format!("unknown runtime handler {:?}", rec.runtime_handler),
+                )
+            })?;
+        let rootfs = {
+            let root = self.root.clone();
+            crate::tasks::blocking(move || pause::ensure_rootfs(&root)).await?
+        };
+        let launch = pause::launch(rec, facts, runtime, &rootfs, &self.runtime_facts)?;
+        let monitor = self
+            .launcher
+            .create(launch)
+            .await
+            .map_err(|e| PodError::Internal(format!("creating the pause process: {e}")))?;
+        monitor
+            .start()
+            .await
+            .map_err(|e| PodError::Internal(format!("starting the pause process: {e}")))
+    }
+
+    async fn stop_pause(&self, rec: &PodRecord) -> Result<(), PodError> {
+        pause::stop(rec).await
+    }
+
+    fn pause_pid(&self, rec: &PodRecord) -> Option<i32> {
+        pause::pid(rec)
+    }
+
+    fn unpin_namespaces(&self, ns_dir: &Path) -> Result<(), PodError> {
+        ns::unpin_namespaces(ns_dir)
+            .map_err(|e| PodError::Internal(format!("unpinning the namespaces: {e}")))
+    }
+
+    fn unmount_shm(&self, path: &Path) -> Result<(), PodError> {
+        mounts::unmount_and_remove_dir(path)
+            .map_err(|e| PodError::Internal(format!("unmounting /dev/shm: {e}")))
+    }
+
+    fn delete_cgroup(&self, path: &Path) -> Result<(), PodError> {
+        self.cgroup(path)?
+            .delete()
+            .map_err(|e| PodError::linux("deleting the pod cgroup", e))
+    }
+
+    fn remove_tree(&self, dir: &Path) -> Result<(), PodError> {
+        not_found_is_ok(std::fs::remove_dir_all(dir), dir)
+    }
+
+    fn remove_empty_dir(&self, dir: &Path) -> Result<(), PodError> {
+        not_found_is_ok(std::fs::remove_dir(dir), dir)
+    }
+}

@@ -1,0 +1,445 @@
+//! A pod's life cycle: RunPodSandbox (and the undo of a failed one),
+//! StopPodSandbox and RemovePodSandbox. The pod's containers are not this
+//! module's business: `crate::lifecycle` stops or removes them first.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use crust_linux::cgroups;
+use crust_linux::ns::{self, NamespaceKind, PinOptions};
+use crust_network::config::NetworkConfigList;
+use crust_network::{Attachment, DEFAULT_IFNAME, RuntimeCapabilities};
+use tracing::{error, info, warn};
+
+use super::host::PodHost;
+use super::record::{self, NamespacePaths, NetworkRecord, PodRecord, PodState};
+use super::spec::PodSpec;
+use super::{PodError, PodOp, Pods, files, name_key, pause};
+use crate::clock::now_ns;
+use crate::tasks::blocking;
+
+impl Pods {
+    /// RunPodSandbox: sets the pod up and returns its ID. On any failure
+    /// everything created is undone and the cause returned.
+    pub async fn run(&self, spec: PodSpec) -> Result<String, PodError> {
+        let network = if spec.host_network {
+            None
+        } else {
+            Some(self.host.load_network()?)
+        };
+        let id = self.reserve(&spec.metadata)?;
+        let rec = match self.plan(&id, &spec, network) {
+            Ok(rec) => rec,
+            Err(e) => {
+                self.index.release(&name_key(&spec.metadata));
+                return Err(e);
+            }
+        };
+        let spec = Arc::new(spec);
+
+        // 1. The record, then the local effects and the pause process.
+        let res = {
+            let (store, host, rec, spec) = (
+                self.store.clone(),
+                self.host.clone(),
+                rec.clone(),
+                spec.clone(),
+            );
+            blocking(move || {
+                store
+                    .put(&rec)
+                    .map_err(|e| PodError::from(e).context("writing the pod record"))?;
+                create_local(&*host, &rec, &spec)
+            })
+            .await
+        };
+        let res = match res {
+            Ok(()) if pause::shares_pid(&rec) => {
+                self.host.start_pause(&rec, &self.oci_facts(&rec)).await
+            }
+            res => res,
+        };
+        let mut rec = rec;
+        if let Err(e) = res {
+            // ADD has not started: no DEL is owed.
+            if let Some(net) = rec.network.as_mut() {
+                net.attached = false;
+            }
+            return Err(self.rollback(rec, e).await);
+        }
+
+        // 2. CNI ADD.
+        if let Some(net) = rec.network.as_mut() {
+            match self.host.cni_add(&net.config, &net.attachment).await {
+                Ok(added) => {
+                    net.result = Some(added.raw);
+                    net.ips = added.ips.iter().map(ToString::to_string).collect();
+                    if added.ips.is_empty() {
+                        let e = PodError::Internal(format!(
+                            "CNI network {:?} gave the pod no IP address on {}",
+                            net.config.name, net.attachment.ifname
+                        ));
+                        return Err(self.rollback(rec, e).await);
+                    }
+                }
+                Err(failed) => {
+                    net.attached = failed.del_owed;
+                    return Err(self.rollback(rec, failed.error).await);
+                }
+            }
+        }
+
+        // 3. Sysctls and /etc/hosts, then the record says ready.
+        rec.state = PodState::Ready;
+        let res = {
+            let (store, host, rec, spec) = (
+                self.store.clone(),
+                self.host.clone(),
+                rec.clone(),
+                spec.clone(),
+            );
+            blocking(move || {
+                finish_local(&*host, &rec, &spec)?;
+                store
+                    .put(&rec)
+                    .map_err(|e| PodError::from(e).context("writing the pod record"))
+            })
+            .await
+        };
+        if let Err(e) = res {
+            rec.state = PodState::Creating;
+            return Err(self.rollback(rec, e).await);
+        }
+        info!(
+            id = %rec.id,
+            name = %rec.metadata.name,
+            namespace = %rec.metadata.namespace,
+            ips = ?rec.ips(),
+            "pod sandbox ready"
+        );
+        self.publish(rec);
+        Ok(id)
+    }
+
+    /// StopPodSandbox's own part, once the pod's containers are stopped:
+    /// the pause process goes, the pod becomes NOTREADY and leaves its
+    /// network. A failed DEL is returned and retried by the next Stop or
+    /// Remove.
+    pub async fn stop(&self, op: &PodOp) -> Result<(), PodError> {
+        let entry = op.entry();
+        let mut rec = entry.snapshot();
+        self.host.stop_pause(&rec).await?;
+        if rec.state == PodState::Ready {
+            rec.state = PodState::NotReady;
+            self.store_put(&rec).await?;
+            entry.set(rec.clone());
+            info!(id = %rec.id, name = %rec.metadata.name, "pod sandbox stopped");
+        }
+        if rec.network_attached() {
+            self.del_network(&rec).await?;
+            if let Some(net) = rec.network.as_mut() {
+                net.attached = false;
+            }
+            self.store_put(&rec).await?;
+            entry.set(rec);
+        }
+        Ok(())
+    }
+
+    /// RemovePodSandbox's own part, once the pod's containers are removed
+    /// and [`Pods::stop`] is done: the namespaces, /dev/shm, the cgroup, the
+    /// files and the record.
+    pub async fn remove(&self, mut op: PodOp) -> Result<(), PodError> {
+        let rec = op.entry().snapshot();
+        self.teardown_local(&rec).await?;
+        // Last: a crash before this leaves a record whose teardown the next
+        // Remove repeats.
+        {
+            let (store, id) = (self.store.clone(), rec.id.clone());
+            blocking(move || {
+                store
+                    .delete::<PodRecord>(&id)
+                    .map_err(|e| PodError::from(e).context("deleting the pod record"))
+            })
+            .await?;
+        }
+        self.index.unpublish(&rec.id, &name_key(&rec.metadata));
+        op.mark_removed();
+        info!(id = %rec.id, name = %rec.metadata.name, "pod sandbox removed");
+        Ok(())
+    }
+
+    /// Reserves the pod's name and picks its ID.
+    fn reserve(&self, md: &record::PodMetadata) -> Result<String, PodError> {
+        use crate::index::ReserveError;
+        self.index
+            .reserve(name_key(md), crate::ids::new_id)
+            .map_err(|e| match e {
+                ReserveError::Taken(owner) => PodError::AlreadyExists(format!(
+                    "pod sandbox name {:?} (namespace {:?}, uid {:?}, attempt {}) is already \
+                     used by pod sandbox {owner}",
+                    md.name, md.namespace, md.uid, md.attempt
+                )),
+                ReserveError::NewId(e) => PodError::internal("generating a pod sandbox ID", e),
+            })
+    }
+
+    pub(super) fn publish(&self, rec: PodRecord) {
+        self.index
+            .publish(&rec.id.clone(), name_key(&rec.metadata), rec);
+    }
+
+    /// The record of a new pod: every path and setting its effects will
+    /// have.
+    fn plan(
+        &self,
+        id: &str,
+        spec: &PodSpec,
+        network: Option<NetworkConfigList>,
+    ) -> Result<PodRecord, PodError> {
+        let run_dir = self.run_root.join(id);
+        let state_dir = self.state_root.join(id);
+        let ns_dir = run_dir.join("ns");
+        let pin = |own: bool, kind| own.then(|| ns::pin_path(&ns_dir, kind));
+        let namespaces = NamespacePaths {
+            net: pin(!spec.host_network, NamespaceKind::Net),
+            ipc: pin(!spec.host_ipc, NamespaceKind::Ipc),
+            // The pod's own UTS namespace goes with its own network, as in
+            // containerd: a host-network pod has the node's hostname.
+            uts: pin(!spec.host_network, NamespaceKind::Uts),
+        };
+        let cgroup_path = cgroups::pod_cgroup_path(&spec.cgroup_parent, id)
+            .map_err(|e| PodError::linux("config.linux.cgroup_parent", e))?;
+        let hostname = if spec.hostname.is_empty() {
+            self.host.node_hostname()?
+        } else {
+            spec.hostname.clone()
+        };
+        let network = match (network, &namespaces.net) {
+            (Some(config), Some(netns)) => {
+                let attachment = Attachment {
+                    container_id: id.to_string(),
+                    netns: netns.clone(),
+                    ifname: DEFAULT_IFNAME.to_string(),
+                    pod_namespace: spec.metadata.namespace.clone(),
+                    pod_name: spec.metadata.name.clone(),
+                    pod_uid: spec.metadata.uid.clone(),
+                    capabilities: RuntimeCapabilities {
+                        port_mappings: spec.port_mappings.clone(),
+                        bandwidth: spec.bandwidth.clone(),
+                        dns: spec.dns.as_ref().map(|d| crust_network::DnsConfig {
+                            servers: d.servers.clone(),
+                            searches: d.searches.clone(),
+                            options: d.options.clone(),
+                        }),
+                        ip_ranges: Vec::new(),
+                        // As containerd: the parent kubelet gave (its pod
+                        // cgroup), for plugins that declare cgroupPath.
+                        cgroup_path: (!spec.cgroup_parent.is_empty())
+                            .then(|| spec.cgroup_parent.clone()),
+                    },
+                };
+                crust_network::cni_args(&attachment)
+                    .map_err(|e| PodError::network("config.metadata", e))?;
+                Some(NetworkRecord {
+                    config,
+                    attachment,
+                    result: None,
+                    ips: Vec::new(),
+                    // A DEL is owed from the moment ADD may have started.
+                    attached: true,
+                })
+            }
+            _ => None,
+        };
+        Ok(PodRecord {
+            id: id.to_string(),
+            state: PodState::Creating,
+            created_at: now_ns(),
+            metadata: spec.metadata.clone(),
+            runtime_handler: spec.runtime_handler.clone(),
+            hostname,
+            labels: spec.labels.clone(),
+            annotations: spec.annotations.clone(),
+            log_directory: spec.log_directory.clone(),
+            host_network: spec.host_network,
+            host_ipc: spec.host_ipc,
+            host_pid: spec.host_pid,
+            cgroup_parent: spec.cgroup_parent.clone(),
+            cgroup_path,
+            shm: (!spec.host_ipc).then(|| run_dir.join("shm")),
+            hostname_path: state_dir.join("hostname"),
+            hosts_path: state_dir.join("hosts"),
+            resolv_conf_path: state_dir.join("resolv.conf"),
+            run_dir,
+            state_dir,
+            ns_dir,
+            namespaces,
+            network,
+            config: record::encode_config(&spec.config),
+        })
+    }
+
+    /// Undoes a failed RunPodSandbox and returns its cause. When the
+    /// undoing fails too, the pod is kept (NOTREADY, visible) so that
+    /// RemovePodSandbox retries it, and the error says so.
+    async fn rollback(&self, rec: PodRecord, cause: PodError) -> PodError {
+        warn!(id = %rec.id, "pod sandbox creation failed, undoing it: {cause}");
+        match self.teardown(&rec).await {
+            Ok(()) => {
+                let (store, id) = (self.store.clone(), rec.id.clone());
+                let deleted =
+                    blocking(move || Ok::<_, PodError>(store.delete::<PodRecord>(&id)?)).await;
+                if let Err(e) = deleted {
+                    // Undone on the host; the next start removes the record.
+                    warn!(id = %rec.id, "cannot delete the record of an undone pod: {e}");
+                }
+                self.index.release(&name_key(&rec.metadata));
+                cause
+            }
+            Err(cleanup) => {
+                error!(id = %rec.id, "undoing the failed pod sandbox failed: {cleanup}");
+                let mut rec = rec;
+                rec.state = PodState::NotReady;
+                if let Err(e) = self.store_put(&rec).await {
+                    warn!(id = %rec.id, "cannot store the pod left behind: {e}");
+                }
+                let id = rec.id.clone();
+                self.publish(rec);
+                cause.context(format!(
+                    "(cleaning up also failed, pod sandbox {id} is left NOTREADY for \
+                     RemovePodSandbox to retry: {cleanup})"
+                ))
+            }
+        }
+    }
+
+    /// Network first (while the namespace is pinned), then the rest.
+    pub(super) async fn teardown(&self, rec: &PodRecord) -> Result<(), PodError> {
+        self.del_network(rec).await?;
+        self.teardown_local(rec).await
+    }
+
+    /// CNI DEL, if one is owed. Without a result (ADD not finished) the CNI
+    /// cache has it, if ADD got that far.
+    async fn del_network(&self, rec: &PodRecord) -> Result<(), PodError> {
+        let Some(net) = rec.network.as_ref().filter(|n| n.attached) else {
+            return Ok(());
+        };
+        self.host
+            .cni_del(&net.config, &net.attachment, net.result.as_ref())
+            .await
+    }
+
+    /// Undoes everything but the network, in reverse order of creation.
+    /// Idempotent. Every step runs; the errors are collected.
+    async fn teardown_local(&self, rec: &PodRecord) -> Result<(), PodError> {
+        let mut errors: Vec<String> = Vec::new();
+        if let Err(e) = self.host.stop_pause(rec).await {
+            errors.push(format!("stopping the pause process: {e}"));
+        }
+        let (host, rec) = (self.host.clone(), rec.clone());
+        let errors = blocking(move || {
+            teardown_files(&*host, &rec, &mut errors);
+            Ok::<_, PodError>(errors)
+        })
+        .await?;
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(PodError::Internal(errors.join("; ")))
+        }
+    }
+
+    pub(super) async fn store_put(&self, rec: &PodRecord) -> Result<(), PodError> {
+        let (store, rec) = (self.store.clone(), rec.clone());
+        blocking(move || {
+            store
+                .put(&rec)
+                .map_err(|e| PodError::from(e).context("writing the pod record"))
+        })
+        .await
+    }
+}
+
+/// The host-side effects before CNI: dirs, namespaces (with the
+/// hostname), cgroup, /dev/shm, hostname and resolv.conf (and hosts for a
+/// host-network pod). Blocking.
+fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(), PodError> {
+    // Not recursive: the ID is new, so an existing dir is an error.
+    host.create_dir(&rec.run_dir)?;
+    host.create_dir(&rec.state_dir)?;
+    let own_uts = rec.namespaces.uts.is_some();
+    let opts = PinOptions {
+        net: rec.namespaces.net.is_some(),
+        ipc: rec.namespaces.ipc.is_some(),
+        uts: own_uts,
+        hostname: (own_uts && !spec.hostname.is_empty()).then(|| spec.hostname.clone()),
+        // Applied after CNI ADD, so eth0's sysctls exist too.
+        sysctls: Vec::new(),
+        loopback_up: true,
+    };
+    if opts.net || opts.ipc || opts.uts {
+        host.pin_namespaces(&rec.ns_dir, &opts)?;
+    }
+    host.create_cgroup(&rec.cgroup_path)?;
+    if let Some(shm) = &rec.shm {
+        host.mount_shm(shm)?;
+    }
+    host.write_file(&rec.hostname_path, &files::hostname(&rec.hostname))?;
+    let resolv = match &spec.dns {
+        Some(dns) => files::resolv_conf(dns),
+        None => host.read_node_file(Path::new("/etc/resolv.conf"))?,
+    };
+    host.write_file(&rec.resolv_conf_path, &resolv)?;
+    let hosts = if rec.host_network {
+        let node = host.read_node_file(Path::new("/etc/hosts"))?;
+        if node.is_empty() {
+            files::hosts(&rec.hostname, &[])
+        } else {
+            node
+        }
+    } else {
+        files::hosts(&rec.hostname, &[])
+    };
+    host.write_file(&rec.hosts_path, &hosts)
+}
+
+/// After CNI ADD: sysctls inside the pod's namespaces, and the pod IPs in
+/// /etc/hosts. Blocking.
+fn finish_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(), PodError> {
+    if !spec.sysctls.is_empty() {
+        host.apply_sysctls(rec, &spec.sysctls)?;
+    }
+    if let Some(net) = &rec.network {
+        let ips: Vec<IpAddr> = net.ips.iter().filter_map(|ip| ip.parse().ok()).collect();
+        host.write_file(&rec.hosts_path, &files::hosts(&rec.hostname, &ips))?;
+    }
+    Ok(())
+}
+
+/// [`Pods::teardown_local`] after the pause process: namespaces, /dev/shm,
+/// cgroup, dirs. Blocking.
+fn teardown_files(host: &dyn PodHost, rec: &PodRecord, errors: &mut Vec<String>) {
+    if let Err(e) = host.unpin_namespaces(&rec.ns_dir) {
+        errors.push(e.to_string());
+    }
+    if let Some(shm) = &rec.shm
+        && let Err(e) = host.unmount_shm(shm)
+    {
+        errors.push(e.to_string());
+    }
+    if let Err(e) = host.delete_cgroup(&rec.cgroup_path) {
+        errors.push(e.to_string());
+    }
+    if let Err(e) = host.remove_tree(&rec.state_dir) {
+        errors.push(e.to_string());
+    }
+    // Only once nothing can be mounted below it any more.
+    if errors.is_empty()
+        && let Err(e) = host.remove_empty_dir(&rec.run_dir)
+    {
+        errors.push(e.to_string());
+    }
+}
