@@ -17,10 +17,12 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crust_linux::fs::{Dir, Errno, FileKind, NodeKind};
+use crust_quote::{quote, quote_bytes};
 use sha2::{Digest as _, Sha256};
 
 use crate::digest::Digest;
 use crate::error::{Error, IoContext, Result};
+use crate::tar_limit::{self, Counted};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
@@ -51,7 +53,8 @@ pub fn unpack_layer(
     let root = Dir::open(dest).ctx(|| format!("opening layer dir {}", dest.display()))?;
     let mut tar_stream = HashingReader::new(decompress(blob, label)?);
     {
-        let mut archive = tar::Archive::new(&mut tar_stream);
+        let (counted, meter) = Counted::new(&mut tar_stream);
+        let mut archive = tar::Archive::new(counted);
         let mut unpacker = Unpacker {
             root: Rc::new(root),
             privileged,
@@ -59,8 +62,7 @@ pub fn unpack_layer(
             dir_times: Vec::new(),
             cached_parent: None,
         };
-        let entries = archive
-            .entries()
+        let entries = tar_limit::Entries::new(&mut archive, meter)
             .map_err(|e| Error::layer(label, format!("not a tar archive: {e}")))?;
         for entry in entries {
             if cancel.load(Ordering::Relaxed) {
@@ -246,8 +248,7 @@ impl Unpacker<'_> {
                 Error::Layer { reason, .. } => reason,
                 other => other.to_string(),
             };
-            let shown = String::from_utf8_lossy(&raw);
-            Error::layer(self.label, format!("entry {shown:?}: {reason}"))
+            Error::layer(self.label, format!("entry {}: {reason}", quote_bytes(&raw)))
         })
     }
 
@@ -326,8 +327,8 @@ impl Unpacker<'_> {
                 Ok(next) => next,
                 Err(Errno::ENOENT) if create => {
                     fd.create_dir(c, 0o755)
-                        .ctx(|| format!("creating {}", here()))?;
-                    fd.open_dir(c).ctx(|| format!("opening {}", here()))?
+                        .ctx(|| format!("creating {}", quote(&here())))?;
+                    fd.open_dir(c).ctx(|| format!("opening {}", quote(&here())))?
                 }
                 Err(Errno::ELOOP | Errno::ENOTDIR) => {
                     let what = match fd.kind(c) {
@@ -336,16 +337,16 @@ impl Unpacker<'_> {
                     };
                     return Err(Error::layer(
                         self.label,
-                        format!("path goes through {:?}, which is {what}", here()),
+                        format!("path goes through {}, which is {what}", quote(&here())),
                     ));
                 }
                 Err(Errno::ENOENT) => {
                     return Err(Error::layer(
                         self.label,
-                        format!("{:?} is not in this layer", here()),
+                        format!("{} is not in this layer", quote(&here())),
                     ));
                 }
-                Err(e) => return Err(Error::io(format!("opening {}", here()), e.into())),
+                Err(e) => return Err(Error::io(format!("opening {}", quote(&here())), e.into())),
             };
         }
         Ok(fd)
@@ -357,7 +358,7 @@ impl Unpacker<'_> {
     fn clear(&mut self, parent: &Dir, name: &OsStr, keep_dir: bool) -> Result<bool> {
         let kind = match parent.kind(name) {
             Err(Errno::ENOENT) => return Ok(false),
-            other => other.ctx(|| format!("inspecting {}", name.to_string_lossy()))?,
+            other => other.ctx(|| format!("inspecting {}", quote(&name.to_string_lossy())))?,
         };
         if kind == FileKind::Directory {
             if keep_dir {
@@ -369,7 +370,7 @@ impl Unpacker<'_> {
         } else {
             parent
                 .remove_file(name)
-                .ctx(|| format!("replacing {}", name.to_string_lossy()))?;
+                .ctx(|| format!("replacing {}", quote(&name.to_string_lossy())))?;
         }
         Ok(false)
     }
@@ -505,9 +506,8 @@ impl Unpacker<'_> {
         let label = self.label;
         let bad = |reason: String| Error::layer(label, format!("hardlink {reason}"));
         let target = target.ok_or_else(|| bad("no target".to_string()))?;
-        let shown_target = String::from_utf8_lossy(target).into_owned();
-        let tcomps =
-            clean_path(target).map_err(|r| bad(format!("target {shown_target:?}: {r}")))?;
+        let shown_target = quote_bytes(target);
+        let tcomps = clean_path(target).map_err(|r| bad(format!("target {shown_target}: {r}")))?;
         if tcomps.as_slice() == comps {
             return Ok(());
         }
@@ -515,16 +515,16 @@ impl Unpacker<'_> {
             .split_last()
             .ok_or_else(|| bad("target is the layer root".to_string()))?;
         let tparent = self.walk(tparents, false).map_err(|e| match e {
-            Error::Layer { reason, .. } => bad(format!("target {shown_target:?}: {reason}")),
+            Error::Layer { reason, .. } => bad(format!("target {shown_target}: {reason}")),
             other => other,
         })?;
         match tparent.kind(tname) {
             Err(Errno::ENOENT) => {
-                return Err(bad(format!("target {shown_target:?} is not in this layer")));
+                return Err(bad(format!("target {shown_target} is not in this layer")));
             }
-            Err(e) => return Err(Error::io(format!("inspecting {shown_target:?}"), e.into())),
+            Err(e) => return Err(Error::io(format!("inspecting {shown_target}"), e.into())),
             Ok(FileKind::Directory) => {
-                return Err(bad(format!("target {shown_target:?} is a directory")));
+                return Err(bad(format!("target {shown_target} is a directory")));
             }
             Ok(_) => {}
         }
@@ -532,7 +532,7 @@ impl Unpacker<'_> {
         // A symlink target is linked as the symlink.
         parent
             .hard_link(name, &tparent, tname)
-            .ctx(|| format!("linking to {shown_target:?}"))
+            .ctx(|| format!("linking to {shown_target}"))
     }
 
     fn node(
@@ -580,22 +580,55 @@ impl Unpacker<'_> {
 }
 
 /// Removes a directory tree fd-relatively, never following symlinks.
+///
+/// Iterative, one dir fd open at a time: a layer may build a tree 2048
+/// levels deep (PATH_MAX / "a/"), which a recursive walk turns into a stack
+/// overflow (an abort of the whole daemon) on a blocking thread's stack.
 fn remove_tree(parent: &Dir, name: &OsStr) -> Result<()> {
-    let dir = parent
-        .open_dir(name)
-        .ctx(|| format!("opening {} to replace it", name.to_string_lossy()))?;
-    let children = dir.entries().ctx(|| "listing a directory".to_string())?;
-    for (child, kind) in children {
-        if kind == FileKind::Directory {
-            remove_tree(&dir, &child)?;
-        } else {
-            dir.remove_file(&child)
-                .ctx(|| format!("removing {}", child.to_string_lossy()))?;
+    let open = |at: &Dir, name: &OsStr| {
+        at.open_dir(name)
+            .ctx(|| format!("opening {} to replace it", quote(&name.to_string_lossy())))
+    };
+    // The names from `parent` down to `dir`.
+    let mut names = vec![name.to_os_string()];
+    let mut dir = open(parent, name)?;
+    loop {
+        match unlink_files_until_subdir(&dir)? {
+            Some(child) => {
+                dir = open(&dir, &child)?;
+                names.push(child);
+            }
+            None => {
+                let done = names.pop().expect("the tree's own name is last");
+                let up = if names.is_empty() {
+                    None
+                } else {
+                    // `..` of a dir reached without symlinks is its parent.
+                    Some(open(&dir, OsStr::new(".."))?)
+                };
+                let at = up.as_ref().unwrap_or(parent);
+                at.remove_dir(&done)
+                    .ctx(|| format!("removing {}", quote(&done.to_string_lossy())))?;
+                match up {
+                    Some(up) => dir = up,
+                    None => return Ok(()),
+                }
+            }
         }
     }
-    parent
-        .remove_dir(name)
-        .ctx(|| format!("removing {}", name.to_string_lossy()))
+}
+
+/// Unlinks the non-directories in `dir` until it meets a subdirectory,
+/// whose name it returns; `None` when `dir` is now empty.
+fn unlink_files_until_subdir(dir: &Dir) -> Result<Option<OsString>> {
+    for (child, kind) in dir.entries().ctx(|| "listing a directory".to_string())? {
+        if kind == FileKind::Directory {
+            return Ok(Some(child));
+        }
+        dir.remove_file(&child)
+            .ctx(|| format!("removing {}", quote(&child.to_string_lossy())))?;
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -906,6 +939,38 @@ mod tests {
         unpack(&f, &tar).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"original");
         assert_eq!(std::fs::read(f.layer.join("x")).unwrap(), b"replaced");
+    }
+
+    /// A tree as deep as a layer can make it (2048 levels), replaced by a
+    /// file, on a small stack: removing it must not recurse per level.
+    #[test]
+    fn replacing_a_very_deep_tree_does_not_overflow_the_stack() {
+        let f = fixture();
+        let deep = "d/".repeat(2047);
+        let mut layer = Layer::new();
+        layer.0.mode(tar::HeaderMode::Deterministic);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(1);
+        h.set_mode(0o644);
+        layer
+            .0
+            .append_data(&mut h, format!("{deep}f"), &b"x"[..])
+            .unwrap();
+        let tar = layer.file("d", b"now a file").bytes();
+        let dest = f.layer.clone();
+        let result = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                unpack_layer(tar.as_slice(), &dest, "l", false, &AtomicBool::new(false))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        result.unwrap();
+        assert_eq!(std::fs::read(f.layer.join("d")).unwrap(), b"now a file");
     }
 
     #[test]
