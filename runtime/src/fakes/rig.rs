@@ -92,7 +92,7 @@ impl Rig {
         images: Arc<FakeImages>,
         nri: Option<crust_nri::Config>,
     ) -> Rig {
-        use crust_shim::RuntimeConfig;
+        use crust_shim_protocol::RuntimeConfig;
         let store = Arc::new(crust_store::Store::open(&dir.path().join("meta.db")).unwrap());
         let root = dir.path();
         let pods = Arc::new(crate::pods::Pods::new(

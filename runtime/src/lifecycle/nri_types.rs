@@ -530,7 +530,7 @@ mod tests {
             config: String::new(),
             image_request: None,
             handler: String::new(),
-            runtime: crust_shim::RuntimeConfig::Embedded {
+            runtime: crust_shim_protocol::RuntimeConfig::Embedded {
                 root: "/run/x".into(),
                 systemd_cgroup: false,
             },
