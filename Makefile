@@ -38,7 +38,7 @@ test: deps-test
 	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2
 
 bench: deps-bench
-	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench -p crust-nri
 	BENCH_ARGS='$(BENCH_ARGS)' hack/bench.sh
 
 bench-vs-containerd: deps-bench
