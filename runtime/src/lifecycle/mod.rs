@@ -172,10 +172,10 @@ impl Lifecycle {
         let shown_pod = shown.as_ref().map(|_| pod_sandbox(&pod));
         for id in removed {
             self.stats.forget(&id);
-            if let (Some(p), Some(c)) = (&shown_pod, shown.as_ref().and_then(|s| s.get(&id))) {
-                if let Err(e) = self.nri.remove_container(|| (p.clone(), c.clone())).await {
-                    warn!(container = %id, "NRI RemoveContainer: {e}");
-                }
+            if let (Some(p), Some(c)) = (&shown_pod, shown.as_ref().and_then(|s| s.get(&id)))
+                && let Err(e) = self.nri.remove_container(|| (p.clone(), c.clone())).await
+            {
+                warn!(container = %id, "NRI RemoveContainer: {e}");
             }
         }
         self.pods.stop(&op).await?;
