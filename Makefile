@@ -64,7 +64,7 @@ RUN_HOST_TESTS = (mkdir -p $(TEST_LOG_DIR); \
 	r=$${PIPESTATUS[0]}; hack/test-summary.sh host $(TEST_LOG_DIR)/test-host.log; exit $$r)
 
 bench: deps-bench
-	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench -p crust-nri
 	BENCH_ARGS='$(BENCH_ARGS)' hack/bench.sh
 
 bench-vs-containerd: deps-bench

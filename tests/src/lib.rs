@@ -174,6 +174,9 @@ fn in_path(program: &str) -> bool {
     })
 }
 
+/// A test daemon's NRI socket, relative to its temp dir.
+const NRI_SOCKET: &str = "nri/nri.sock";
+
 /// How to start a daemon.
 #[derive(Default)]
 pub struct DaemonBuilder {
@@ -207,7 +210,7 @@ impl DaemonBuilder {
         let config = dir.path().join("config.toml");
         std::fs::write(
             &config,
-            test_config(self.config_toml.as_deref().unwrap_or("")),
+            test_config(self.config_toml.as_deref().unwrap_or(""), dir.path()),
         )
         .unwrap();
         let log = dir.path().join("daemon.log");
@@ -307,6 +310,20 @@ impl Daemon {
     /// tests put their own scratch files (e.g. CNI IPAM state) here too.
     pub fn temp_dir(&self) -> &Path {
         self.dir.as_ref().expect("temp dir").path()
+    }
+
+    /// The daemon's NRI socket (unless the test's config names another).
+    pub fn nri_socket(&self) -> PathBuf {
+        self.temp_dir().join(NRI_SOCKET)
+    }
+
+    /// Where the daemon looks for pre-installed NRI plugins and their
+    /// configuration (unless the test's config names others).
+    pub fn nri_plugin_dirs(&self) -> (PathBuf, PathBuf) {
+        (
+            self.temp_dir().join("nri/plugins"),
+            self.temp_dir().join("nri/conf.d"),
+        )
     }
 
     /// Stops and removes every pod sandbox of the daemon through the API.
@@ -474,8 +491,10 @@ pub fn run_crust(args: &[&str]) -> std::process::Output {
 
 /// The test's config with `network.install_default_conflist = false` added
 /// unless the test sets it: a test daemon gets a network only from the
-/// test (see [`TestNetwork`]).
-fn test_config(toml_text: &str) -> String {
+/// test (see [`TestNetwork`]). Likewise NRI's socket and plugin dirs are
+/// the daemon's own, under `dir` (parallel daemons on the default socket
+/// would collide, and a test daemon must not start the host's plugins).
+fn test_config(toml_text: &str, dir: &Path) -> String {
     let Ok(mut table) = toml_text.parse::<toml::Table>() else {
         // Invalid on purpose: the daemon reports it.
         return toml_text.to_string();
@@ -487,6 +506,19 @@ fn test_config(toml_text: &str) -> String {
         network
             .entry("install_default_conflist")
             .or_insert(toml::Value::Boolean(false));
+    }
+    let nri = table
+        .entry("nri")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let Some(nri) = nri.as_table_mut() {
+        for (key, rel) in [
+            ("socket_path", NRI_SOCKET),
+            ("plugin_path", "nri/plugins"),
+            ("plugin_config_path", "nri/conf.d"),
+        ] {
+            nri.entry(key)
+                .or_insert_with(|| toml::Value::String(dir.join(rel).display().to_string()));
+        }
     }
     table.to_string()
 }
