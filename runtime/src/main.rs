@@ -32,6 +32,7 @@
 //! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
+//! quote.rs             bounded quoting of client input in messages
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
 
@@ -52,6 +53,7 @@ mod lifecycle;
 mod monitor;
 mod node;
 mod pods;
+mod quote;
 mod server;
 mod services;
 mod stats;

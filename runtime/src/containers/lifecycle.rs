@@ -28,6 +28,7 @@ use crate::events::EventKind;
 use crate::images::ImageFacts;
 use crate::index::{Entry, ReserveError};
 use crate::launch::Launch;
+use crate::quote::quote;
 use crate::tasks::blocking;
 
 /// How long the monitor may take to create a container.
@@ -53,7 +54,9 @@ impl Containers {
             .images
             .resolve(&image_name)
             .map_err(ContainerError::internal)?
-            .ok_or_else(|| ContainerError::NotFound(format!("image {image_name:?} not found")))?;
+            .ok_or_else(|| {
+                ContainerError::NotFound(format!("image {} not found", quote(&image_name)))
+            })?;
         let runtime = self
             .handlers
             .get(&pod.runtime_handler)
@@ -146,11 +149,10 @@ impl Containers {
         config: &ContainerConfig,
         image: &ImageFacts,
     ) -> Result<(), ContainerError> {
-        let lowers = self
-            .images
-            .lease(&rec.id, &image.id)
-            .await
-            .map_err(|e| ContainerError::NotFound(format!("image {:?}: {e}", rec.image)))?;
+        let lowers =
+            self.images.lease(&rec.id, &image.id).await.map_err(|e| {
+                ContainerError::NotFound(format!("image {}: {e}", quote(&rec.image)))
+            })?;
         let target_pid_ns = self.target_pid_ns(config, &pod.id)?;
         let runtime_facts = crust_oci::RuntimeFacts {
             rro_supported: self

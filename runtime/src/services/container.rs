@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, container_error, detached, map};
+use super::{Cri, bounds, container_error, detached, map};
 use crate::containers::{ContainerRecord, ContainerState as CState, ImageRequest};
 
 fn state_of(s: CState) -> ContainerState {
@@ -105,6 +105,7 @@ impl Cri {
         req: Request<CreateContainerRequest>,
     ) -> Result<Response<CreateContainerResponse>, Status> {
         let req = req.into_inner();
+        bounds::create_container(&req)?;
         let d = self.daemon.clone();
         let id = detached(
             async move {
@@ -123,6 +124,7 @@ impl Cri {
         req: Request<StartContainerRequest>,
     ) -> Result<Response<StartContainerResponse>, Status> {
         let id = req.into_inner().container_id;
+        bounds::id("container_id", &id)?;
         let d = self.daemon.clone();
         detached(
             async move { d.lifecycle.start_container(&id).await },
@@ -137,6 +139,7 @@ impl Cri {
         req: Request<StopContainerRequest>,
     ) -> Result<Response<StopContainerResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
         let d = self.daemon.clone();
         detached(
             async move {
@@ -155,6 +158,7 @@ impl Cri {
         req: Request<RemoveContainerRequest>,
     ) -> Result<Response<RemoveContainerResponse>, Status> {
         let id = req.into_inner().container_id;
+        bounds::id("container_id", &id)?;
         let d = self.daemon.clone();
         detached(
             async move { d.lifecycle.remove_container(&id).await },
@@ -169,6 +173,7 @@ impl Cri {
         req: Request<ContainerStatusRequest>,
     ) -> Result<Response<ContainerStatusResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
         let containers = &self.daemon.containers;
         let rec = containers.get(&req.container_id).map_err(container_error)?;
         let mut info = HashMap::new();
@@ -201,6 +206,9 @@ impl Cri {
         req: Request<ListContainersRequest>,
     ) -> Result<Response<ListContainersResponse>, Status> {
         let f = req.into_inner().filter.unwrap_or_default();
+        bounds::id("filter.id", &f.id)?;
+        bounds::id("filter.pod_sandbox_id", &f.pod_sandbox_id)?;
+        bounds::selector("filter.label_selector", &f.label_selector)?;
         let state = f.state.map(|s| s.state);
         let containers = self
             .daemon
@@ -221,6 +229,11 @@ impl Cri {
         req: Request<UpdateContainerResourcesRequest>,
     ) -> Result<Response<UpdateContainerResourcesResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
+        if let Some(r) = &req.linux {
+            bounds::resources("linux", r)?;
+        }
+        bounds::annotations("annotations", &req.annotations)?;
         let d = self.daemon.clone();
         detached(
             async move {
@@ -239,6 +252,7 @@ impl Cri {
         req: Request<ReopenContainerLogRequest>,
     ) -> Result<Response<ReopenContainerLogResponse>, Status> {
         let id = req.into_inner().container_id;
+        bounds::id("container_id", &id)?;
         self.daemon
             .containers
             .reopen_log(&id)
@@ -252,6 +266,8 @@ impl Cri {
         req: Request<ExecSyncRequest>,
     ) -> Result<Response<ExecSyncResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
+        bounds::exec_cmd("cmd", &req.cmd)?;
         let out = self
             .daemon
             .containers
