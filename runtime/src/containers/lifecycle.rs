@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
-use crust_shim::{ExecRequest, ExecSyncOutput};
+use crust_shim::{ExecRequest, ExecSyncOutput, Status};
 use prost::Message;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -24,6 +24,7 @@ use super::spec::{self, Built, Parts};
 use super::validate;
 use super::{ContainerError, Containers, PodView};
 use crate::clock::now_ns;
+use crate::crash;
 use crate::events::EventKind;
 use crate::images::ImageFacts;
 use crate::index::{Entry, ReserveError};
@@ -119,11 +120,13 @@ impl Containers {
                 .map(|r| hex::encode(r.encode_to_vec())),
             stop_signal: libc::SIGTERM,
             pid: 0,
+            start_requested_at: 0,
         };
         if let Err(e) = self.store_put(&rec).await {
             self.index.release(&key);
             return Err(e);
         }
+        crash::point("container.create.record");
         if let Err(e) = self.create_effects(&mut rec, &pod, &config, &image).await {
             warn!(id, "container creation failed, undoing it: {e}");
             self.undo_create(&rec).await;
@@ -132,6 +135,7 @@ impl Containers {
         }
         rec.state = ContainerState::Created;
         self.store_put(&rec).await?;
+        crash::point("container.create.created");
         info!(id, name = %rec.name, pod = %rec.pod_id, "container created");
         self.emit(EventKind::Created, &rec);
         self.index.publish(&id, key, rec);
@@ -153,6 +157,7 @@ impl Containers {
             self.images.lease(&rec.id, &image.id).await.map_err(|e| {
                 ContainerError::NotFound(format!("image {}: {e}", quote(&rec.image)))
             })?;
+        crash::point("container.create.leased");
         let target_pid_ns = self.target_pid_ns(config, &pod.id)?;
         let runtime_facts = crust_oci::RuntimeFacts {
             rro_supported: self
@@ -166,6 +171,7 @@ impl Containers {
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
             blocking(move || -> Result<Built, ContainerError> {
                 host.prepare_rootfs(&r, &lowers)?;
+                crash::point("container.create.rootfs");
                 let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
                 let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;
                 let parts = Parts {
@@ -202,6 +208,7 @@ impl Containers {
                 timeout: CREATE_TIMEOUT,
             })
             .await?;
+        crash::point("container.create.launched");
         rec.user = Some(built.user);
         rec.stop_signal = built.stop_signal;
         rec.pid = pid;
@@ -268,7 +275,25 @@ impl Containers {
                 rec.state.as_str()
             )));
         }
-        if let Err(e) = self.host.start(&rec.state_dir).await {
+        // Recorded first: a start cut short (a daemon crash, a failed write)
+        // is then looked up at the monitor, never guessed.
+        rec.start_requested_at = now_ns();
+        self.store_put(&rec).await?;
+        crash::point("container.start.begun");
+        let started = match self.host.start(&rec.state_dir).await {
+            Ok(()) => Ok(()),
+            // A start that got to the monitor before (the record did not
+            // learn of it): the monitor says whether the process runs.
+            Err(e) => match self.host.monitor_status(&rec.state_dir).await {
+                Some(Status::Running) => {
+                    warn!(id = %rec.id, "the container had been started already: {}", e.message());
+                    Ok(())
+                }
+                _ => Err(e),
+            },
+        };
+        crash::point("container.start.started");
+        if let Err(e) = started {
             // The container cannot run any more; it shows as exited.
             rec.state = ContainerState::Exited;
             rec.started_at = 0;
@@ -286,6 +311,7 @@ impl Containers {
         rec.state = ContainerState::Running;
         rec.started_at = now_ns();
         self.store_put(&rec).await?;
+        crash::point("container.start.running");
         entry.set(rec.clone());
         self.emit(EventKind::Started, &rec);
         info!(id = %rec.id, "container started");
@@ -324,6 +350,7 @@ impl Containers {
         if let Err(e) = self.host.kill(&rec.state_dir, signal, false).await {
             debug!(id = %rec.id, "stop signal: {e}");
         }
+        crash::point("container.stop.signalled");
         if signal != libc::SIGKILL {
             let grace = Duration::from_secs(timeout.clamp(0, 24 * 3600) as u64);
             if self.wait_exit(entry, grace).await {
@@ -332,6 +359,7 @@ impl Containers {
         }
         if signal != libc::SIGKILL || rec.state == ContainerState::Running {
             let _ = self.host.kill(&rec.state_dir, libc::SIGKILL, true).await;
+            crash::point("container.stop.killed");
         }
         if self.wait_exit(entry, KILL_WAIT).await {
             return Ok(());
@@ -370,12 +398,16 @@ impl Containers {
             return Ok(None);
         }
         self.stop_locked(&entry, 0).await?;
+        crash::point("container.remove.stopped");
         let rec = entry.snapshot();
         self.teardown(&rec).await?;
+        crash::point("container.remove.torn_down");
         self.images.release(&rec.id).await.map_err(|e| {
             ContainerError::Internal(format!("releasing the image of {}: {e}", rec.id))
         })?;
+        crash::point("container.remove.released");
         self.store_delete(&rec.id).await?;
+        crash::point("container.remove.deleted");
         self.index.unpublish(&rec.id, &rec.name_key());
         op.mark_removed();
         self.emit(EventKind::Deleted, &rec);
@@ -449,7 +481,9 @@ impl Containers {
             timeout_ms: (timeout_s as u64).saturating_mul(1000),
             ..Default::default()
         };
+        crash::point("container.exec_sync.begun");
         let out = self.host.exec_sync(&rec.state_dir, &req).await?;
+        crash::point("container.exec_sync.done");
         if out.timed_out {
             return Err(ContainerError::DeadlineExceeded(format!(
                 "command timeout {timeout_s}s exceeded"
@@ -491,6 +525,7 @@ impl Containers {
         }
         let oci = spec::update_resources(&res, &self.facts)?;
         self.host.update(&rec.state_dir, &oci).await?;
+        crash::point("container.update.applied");
         rec.resources = Some(hex::encode(res.encode_to_vec()));
         self.store_put(&rec).await?;
         entry.set(rec);
@@ -503,6 +538,7 @@ impl Containers {
     /// mount, the state and layer dirs. Idempotent.
     pub(super) async fn teardown(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
         let orphan = !self.host.reap_monitor(&rec.state_dir).await;
+        crash::point("container.teardown.monitor");
         let (host, rec) = (self.host.clone(), rec.clone());
         blocking(move || {
             if orphan {
@@ -510,6 +546,7 @@ impl Containers {
             }
             host.delete_runtime_state(&rec);
             host.unmount_rootfs(&rec.rootfs)?;
+            crash::point("container.teardown.unmounted");
             host.remove_tree(&rec.state_dir)?;
             host.remove_tree(&rec.layer_dir)
         })

@@ -97,6 +97,7 @@ impl ImageService for Cri {
         // Never the credentials themselves: only which kind was given.
         info!(image = %reference, auth = auth_kind(&creds), "pulling image");
         let started = Instant::now();
+        crate::crash::point("image.pull.begun");
         let image = self
             .daemon
             .images
@@ -106,6 +107,7 @@ impl ImageService for Cri {
                 warn!(image = %reference, error = %e, "pull failed");
                 image_error(&format!("pulling image {}", quote(&reference)), e)
             })?;
+        crate::crash::point("image.pull.done");
         info!(
             image = %reference,
             id = %image.id,
