@@ -163,6 +163,15 @@ fn open_cni(config: &Config, pod_cidrs: &[String]) -> anyhow::Result<Cni> {
     let cni = Cni::new(config.network.cni_bin_dirs.clone())
         .context("network.cni_bin_dirs")?
         .with_cache_dir(config.root.join("cni").join("cache"));
+    // Before any ADD: what a crash left of a cache write.
+    match cni.remove_cache_temp_files() {
+        Ok(0) => {}
+        Ok(n) => info!(
+            n,
+            "removed temp files of CNI cache writes a crash cut short"
+        ),
+        Err(e) => warn!("cannot clean the CNI cache dir: {e}"),
+    }
     if config.network.install_default_conflist {
         let net = if pod_cidrs.is_empty() {
             DefaultNetwork::default()
