@@ -1162,11 +1162,20 @@ fi"#,
     assert_eq!(net.leases().len(), 1);
     d.signal_and_wait(nix::sys::signal::Signal::SIGKILL, Duration::from_secs(5))
         .await;
+    // The plugin dies with the daemon (its parent-death signal): nothing
+    // runs on to race the recovery.
     let plugin_pid: i32 = read(&pid_file).trim().parse().unwrap();
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(plugin_pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while crust_tests::process_alive(plugin_pid) {
+        if Instant::now() > deadline {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(plugin_pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("the CNI plugin outlived the daemon");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(pending.await.unwrap().is_err());
     assert!(
         !mounts_under(&d.run_dir).is_empty(),

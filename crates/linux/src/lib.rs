@@ -12,12 +12,16 @@
 //! - [`mounts`] holds the pod's shared `/dev/shm`.
 //!
 //! For a container's monitor: [`process`] (fork, descriptor passing, ptys).
+//!
+//! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
+//! that die with the daemon).
 
 pub mod cgroups;
 mod error;
 pub mod mounts;
 pub mod ns;
 pub mod process;
+pub mod spawn;
 pub mod sysctl;
 
 pub use error::Error;
