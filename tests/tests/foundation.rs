@@ -267,6 +267,42 @@ async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
     d.start_again().await;
 }
 
+/// A second daemon on the run dir of a running one (with a socket and a
+/// root of its own) is refused, as one on its root is
+/// (`two_daemons_cannot_share_a_root`): its recovery would take the first
+/// one's pods for orphans and unpin them (issue 17).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_daemon_on_the_same_run_dir_is_refused() {
+    let d = Daemon::start().await;
+    let other = tempfile::tempdir().unwrap();
+    let socket = other.path().join("other.sock");
+    let out = run_crust(&[
+        "daemon",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--root",
+        other.path().join("root").to_str().unwrap(),
+        "--run-dir",
+        d.run_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the run dir {} is in use by another crust daemon (pid {})",
+            d.run_dir.display(),
+            d.pid()
+        )),
+        "{err}"
+    );
+    assert!(!socket.exists(), "the refused daemon served");
+    d.runtime_v1()
+        .await
+        .version(v1::VersionRequest::default())
+        .await
+        .unwrap();
+}
+
 #[test]
 fn a_file_at_the_socket_path_is_not_deleted() {
     let dir = tempfile::tempdir().unwrap();
