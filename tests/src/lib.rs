@@ -42,6 +42,8 @@ pub fn crust_bin() -> PathBuf {
 pub struct DaemonBuilder {
     config_toml: Option<String>,
     args: Vec<String>,
+    root: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 impl DaemonBuilder {
@@ -56,6 +58,19 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's `--root` (default: `root` in its temp dir), e.g. on a
+    /// filesystem the test mounted.
+    pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+
+    /// An environment variable of the daemon (every start of it).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
     /// Starts the daemon and waits until it answers Version.
     pub async fn start(self) -> Daemon {
         let dir = tempfile::Builder::new()
@@ -63,7 +78,7 @@ impl DaemonBuilder {
             .tempdir()
             .expect("temp dir");
         let socket = dir.path().join("crust.sock");
-        let root = dir.path().join("root");
+        let root = self.root.unwrap_or_else(|| dir.path().join("root"));
         let run_dir = dir.path().join("run");
         let cni_conf_dir = dir.path().join("cni");
         std::fs::create_dir_all(&cni_conf_dir).unwrap();
@@ -90,6 +105,7 @@ impl DaemonBuilder {
         let mut daemon = Daemon {
             child: None,
             args,
+            env: self.env,
             socket,
             root,
             run_dir,
@@ -107,6 +123,7 @@ impl DaemonBuilder {
 pub struct Daemon {
     child: Option<Child>,
     args: Vec<std::ffi::OsString>,
+    env: Vec<(String, String)>,
     pub socket: PathBuf,
     pub root: PathBuf,
     pub run_dir: PathBuf,
@@ -126,6 +143,7 @@ impl Daemon {
             .unwrap();
         let child = Command::new(crust_bin())
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
