@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crust_shim::Status;
+use crust_shim_protocol::Status;
 use tracing::{debug, info, warn};
 
 use super::record::{ContainerRecord, ContainerState};
