@@ -24,9 +24,6 @@ fn kubectl_present() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIP: kubectl is not installed");
-    }
     ok
 }
 
@@ -179,7 +176,7 @@ async fn kubectl_exec(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_both_transports() {
     if !kubectl_present() {
-        return;
+        skip!("kubectl is not installed");
     }
     let (server, _) = start(StreamingConfig::default()).await;
     let api = api_server(Arc::new(server)).await;
@@ -200,9 +197,11 @@ async fn kubectl_exec_both_transports() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_port_forward_both_transports() {
     if !kubectl_present() {
-        return;
+        skip!("kubectl is not installed");
     }
-    let Some(netns) = PodNetns::new() else { return };
+    let Some(netns) = PodNetns::new() else {
+        skip!("cannot create a network namespace here");
+    };
     let port = echo_server(&netns.path).await;
     let (server, fake) = start(StreamingConfig::default()).await;
     fake.netns

@@ -16,6 +16,32 @@ pub use tonic;
 
 pub mod registry;
 
+/// Ends a test that cannot run here (a tool is missing, the kernel lacks a
+/// feature): see [`skipped`]. `skip!("kubectl is not installed")`.
+#[macro_export]
+macro_rules! skip {
+    ($($reason:tt)*) => {{
+        $crate::skipped(&format!($($reason)*));
+        return;
+    }};
+}
+
+/// Says that the running test was skipped: one `SKIPPED: <test>: <reason>`
+/// line on stderr, written past the test harness's capture so that it is
+/// seen (and counted: `grep -c '^SKIPPED'`) in every run, passed or not.
+/// A skip is never silent: a test that returns early without this reads
+/// as passed.
+pub fn skipped(reason: &str) {
+    use std::io::Write;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string();
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    // One write, so that lines of parallel tests do not mix.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// The `crust` binary under test: `$CRUST_BIN`, else the one cargo built next
 /// to this test binary (`make test` builds it first).
 pub fn crust_bin() -> PathBuf {
@@ -260,6 +286,30 @@ impl Daemon {
             let _ = child.wait();
             panic!("crust daemon did not exit within {timeout:?} after {signal}")
         })
+    }
+
+    /// Waits for the daemon to exit by itself (a crash point killed it);
+    /// None if it still runs after `timeout` (it is left running).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("daemon running");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Whether the daemon process is running (not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGTERM, as an init system stops it.
