@@ -802,4 +802,177 @@ mod tests {
         }
         assert_eq!(field_and_len(resources("r", &r)).0, "r.unified");
     }
+
+    /// Property test: CRI requests with every bounded field made hostile
+    /// (path tricks, control characters, arbitrary Unicode, values of up
+    /// to 8 KiB, maps and lists of up to 16 entries) never panic the
+    /// validators, and every refusal is InvalidArgument in a short message
+    /// (at most 1024 bytes, whatever was sent).
+    mod prop {
+        use super::*;
+        use crust_quote::testing::{check_message, config, hostile_string};
+        use proptest::collection::{hash_map, vec};
+        use proptest::prelude::*;
+
+        fn refusal(what: &str, r: Result<(), Status>) -> Result<(), TestCaseError> {
+            if let Err(s) = r {
+                prop_assert_eq!(s.code(), tonic::Code::InvalidArgument, "{}: {:?}", what, s);
+                check_message(what, s.message())?;
+            }
+            Ok(())
+        }
+
+        fn map() -> BoxedStrategy<HashMap<String, String>> {
+            hash_map(hostile_string(), hostile_string(), 0..16).boxed()
+        }
+
+        fn list() -> BoxedStrategy<Vec<String>> {
+            vec(hostile_string(), 0..16).boxed()
+        }
+
+        fn pod_request() -> impl Strategy<Value = RunPodSandboxRequest> {
+            (
+                (hostile_string(), hostile_string(), hostile_string()),
+                (hostile_string(), hostile_string(), hostile_string()),
+                (map(), map(), map()),
+                (list(), list(), list()),
+                vec((hostile_string(), any::<i32>()), 0..8),
+            )
+                .prop_map(
+                    |(
+                        (name, ns, uid),
+                        (host, logs, parent),
+                        (labels, ann, sysctls),
+                        (dns, search, opts),
+                        ports,
+                    )| {
+                        RunPodSandboxRequest {
+                            runtime_handler: parent.clone(),
+                            config: Some(PodSandboxConfig {
+                                metadata: Some(PodSandboxMetadata {
+                                    name,
+                                    namespace: ns,
+                                    uid,
+                                    attempt: 0,
+                                }),
+                                hostname: host,
+                                log_directory: logs,
+                                dns_config: Some(DnsConfig {
+                                    servers: dns,
+                                    searches: search,
+                                    options: opts,
+                                }),
+                                port_mappings: ports
+                                    .into_iter()
+                                    .map(|(ip, port)| PortMapping {
+                                        host_ip: ip,
+                                        host_port: port,
+                                        ..Default::default()
+                                    })
+                                    .collect(),
+                                labels,
+                                annotations: ann,
+                                linux: Some(LinuxPodSandboxConfig {
+                                    cgroup_parent: parent,
+                                    sysctls,
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                        }
+                    },
+                )
+        }
+
+        fn container_request() -> impl Strategy<Value = CreateContainerRequest> {
+            (
+                (
+                    hostile_string(),
+                    hostile_string(),
+                    hostile_string(),
+                    hostile_string(),
+                ),
+                (list(), list(), list()),
+                (map(), map(), map()),
+                vec((hostile_string(), hostile_string()), 0..8),
+            )
+                .prop_map(
+                    |(
+                        (id, name, image, log),
+                        (command, args, envs),
+                        (labels, ann, unified),
+                        paths,
+                    )| {
+                        CreateContainerRequest {
+                            pod_sandbox_id: id,
+                            config: Some(ContainerConfig {
+                                metadata: Some(ContainerMetadata { name, attempt: 0 }),
+                                image: Some(ImageSpec {
+                                    image,
+                                    ..Default::default()
+                                }),
+                                command,
+                                args,
+                                envs: envs
+                                    .into_iter()
+                                    .map(|e| KeyValue {
+                                        key: e.clone(),
+                                        value: e,
+                                    })
+                                    .collect(),
+                                mounts: paths
+                                    .iter()
+                                    .map(|(c, h)| Mount {
+                                        container_path: c.clone(),
+                                        host_path: h.clone(),
+                                        ..Default::default()
+                                    })
+                                    .collect(),
+                                devices: paths
+                                    .iter()
+                                    .map(|(c, h)| Device {
+                                        container_path: c.clone(),
+                                        host_path: h.clone(),
+                                        permissions: "rwm".into(),
+                                    })
+                                    .collect(),
+                                log_path: log,
+                                labels,
+                                annotations: ann,
+                                linux: Some(LinuxContainerConfig {
+                                    resources: Some(LinuxContainerResources {
+                                        unified,
+                                        ..Default::default()
+                                    }),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                            sandbox_config: None,
+                        }
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(config(128))]
+
+            #[test]
+            fn run_pod_sandbox_refusals_are_short(req in pod_request()) {
+                refusal("RunPodSandbox", run_pod_sandbox(&req))?;
+            }
+
+            #[test]
+            fn create_container_refusals_are_short(req in container_request()) {
+                refusal("CreateContainer", create_container(&req))?;
+            }
+
+            #[test]
+            fn exec_and_image_refusals_are_short(cmd in list(), image in hostile_string(), id in hostile_string()) {
+                refusal("ExecSync cmd", exec_cmd("cmd", &cmd))?;
+                refusal("container_id", super::super::id("container_id", &id))?;
+                refusal("image", image_spec("image", &ImageSpec { image, ..Default::default() }))?;
+            }
+        }
+    }
 }
