@@ -18,13 +18,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
 fn kubectl_present() -> bool {
-    let ok = std::process::Command::new("kubectl")
+    std::process::Command::new("kubectl")
         .args(["version", "--client"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok_and(|s| s.success());
-    ok
+        .is_ok_and(|s| s.success())
 }
 
 const POD: &str = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"test","namespace":"default","uid":"u1"},

@@ -92,7 +92,7 @@ fn check(what: &str, r: Result<(), Status>, field: &str, limit: usize) {
     let m = e.message();
     assert_eq!(e.code(), Code::InvalidArgument, "{what}: {m}");
     assert!(
-        m.starts_with(&format!("{field}")),
+        m.starts_with(field),
         "{what}: the message does not start with {field:?}: {m}"
     );
     assert!(

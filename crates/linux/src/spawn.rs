@@ -45,6 +45,8 @@ mod tests {
     /// The signal comes when the spawning thread ends: a thread plays the
     /// daemon (the test process itself lives on and would reap a zombie).
     #[test]
+    // The child is reaped below with waitpid, once the signal killed it.
+    #[allow(clippy::zombie_processes)]
     fn the_child_dies_with_the_thread_that_spawned_it() {
         let (tx, rx) = std::sync::mpsc::channel();
         let spawner = std::thread::spawn(move || {
