@@ -3,7 +3,9 @@
 //! orders them. This is the one place that wires the real node effects
 //! (`RealPodHost`, `RealContainerHost`) into the domain modules.
 
-use std::os::unix::fs::DirBuilderExt;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
@@ -13,6 +15,8 @@ use crust_linux::cgroups::{self, Hierarchy};
 use crust_network::{Cni, DefaultNetwork};
 use crust_nri::{Nri, RuntimeInfo};
 use crust_store::{Kind, Record, Store};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -23,6 +27,9 @@ use crate::launch::Launcher;
 use crate::lifecycle::{Lifecycle, NriBackend};
 use crate::pods::{Pods, RealPodHost};
 use crate::stats::CgroupStats;
+
+/// The run dir's lock file (holds the pid of the daemon that has it).
+const RUN_DIR_LOCK: &str = "crust.lock";
 
 pub struct Daemon {
     pub config: Config,
@@ -46,6 +53,8 @@ pub struct Daemon {
     /// The exec / attach / port-forward server, set once at start (its
     /// backend needs the pods and containers, so it starts after `open`).
     pub streaming: std::sync::OnceLock<crust_streaming::StreamingServer>,
+    /// This daemon's hold on the run dir, for its lifetime.
+    _run_dir_lock: Flock<File>,
 }
 
 /// Runtime-wide settings that must survive a restart.
@@ -69,6 +78,7 @@ impl Daemon {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
+        let run_dir_lock = lock_run_dir(&config.run_dir)?;
         let cgroup_hierarchy = cgroups::detect(Path::new("/sys/fs/cgroup"))
             .context("detecting the cgroup hierarchy")?;
         let systemd = config.cgroup_driver == CgroupDriver::Systemd;
@@ -138,6 +148,7 @@ impl Daemon {
             stats,
             pod_cidrs: RwLock::new(network.pod_cidrs),
             streaming: std::sync::OnceLock::new(),
+            _run_dir_lock: run_dir_lock,
         })
     }
 
@@ -193,6 +204,15 @@ fn open_cni(config: &Config, pod_cidrs: &[String]) -> anyhow::Result<Cni> {
     let cni = Cni::new(config.network.cni_bin_dirs.clone())
         .context("network.cni_bin_dirs")?
         .with_cache_dir(config.root.join("cni").join("cache"));
+    // Before any ADD: what a crash left of a cache write.
+    match cni.remove_cache_temp_files() {
+        Ok(0) => {}
+        Ok(n) => info!(
+            n,
+            "removed temp files of CNI cache writes a crash cut short"
+        ),
+        Err(e) => warn!("cannot clean the CNI cache dir: {e}"),
+    }
     if config.network.install_default_conflist {
         let net = if pod_cidrs.is_empty() {
             DefaultNetwork::default()
@@ -224,6 +244,44 @@ async fn open_images(config: &Config, store: &Arc<Store>) -> anyhow::Result<Imag
     ImageService::open(image_config, store.clone())
         .await
         .context("opening the image store")
+}
+
+/// Takes the run dir for this daemon, as the metadata store's lock takes
+/// the root: a second daemon on the same run dir (with another socket and
+/// root) would unpin and unmount the first one's pods as orphans at its
+/// recovery. The lock goes with the daemon (its descriptor is not
+/// inherited by monitors or plugins: close-on-exec).
+fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
+    let path = dir.join(RUN_DIR_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => {
+            let mut f: &File = &lock;
+            f.set_len(0)
+                .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok(lock)
+        }
+        Err((file, Errno::EWOULDBLOCK)) => {
+            let mut holder = String::new();
+            let _ = (&file).take(32).read_to_string(&mut holder);
+            anyhow::bail!(
+                "the run dir {} is in use by another crust daemon (pid {}): each daemon \
+                 needs its own run_dir",
+                dir.display(),
+                holder.trim()
+            )
+        }
+        Err((_, e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
 }
 
 /// Creates `dir` (and parents) readable only by root, as state dirs hold

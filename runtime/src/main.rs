@@ -31,7 +31,9 @@
 //! index.rs             ID / unique-prefix index with name reservation
 //! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
+//! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
+//! quote.rs             bounded quoting of client input in messages
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
 
@@ -40,6 +42,7 @@ mod cli;
 mod clock;
 mod config;
 mod containers;
+mod crash;
 mod daemon;
 mod events;
 mod handlers;
@@ -52,6 +55,7 @@ mod lifecycle;
 mod monitor;
 mod node;
 mod pods;
+mod quote;
 mod server;
 mod services;
 mod stats;

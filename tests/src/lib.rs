@@ -16,6 +16,32 @@ pub use tonic;
 
 pub mod registry;
 
+/// Ends a test that cannot run here (a tool is missing, the kernel lacks a
+/// feature): see [`skipped`]. `skip!("kubectl is not installed")`.
+#[macro_export]
+macro_rules! skip {
+    ($($reason:tt)*) => {{
+        $crate::skipped(&format!($($reason)*));
+        return;
+    }};
+}
+
+/// Says that the running test was skipped: one `SKIPPED: <test>: <reason>`
+/// line on stderr, written past the test harness's capture so that it is
+/// seen (and counted: `grep -c '^SKIPPED'`) in every run, passed or not.
+/// A skip is never silent: a test that returns early without this reads
+/// as passed.
+pub fn skipped(reason: &str) {
+    use std::io::Write;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string();
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    // One write, so that lines of parallel tests do not mix.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// The `crust` binary under test: `$CRUST_BIN`, else the one cargo built next
 /// to this test binary (`make test` builds it first).
 pub fn crust_bin() -> PathBuf {
@@ -124,17 +150,11 @@ pub fn require(need: Need) -> Option<SkipReason> {
     (!ok).then(|| SkipReason(why.to_string()))
 }
 
-/// Reports the running test as skipped: one line `SKIPPED: <test>: <reason>`
-/// written straight to stderr (past libtest's output capture, so it shows
-/// for a test that then returns and passes). `make test`'s summaries count
-/// these lines and list such tests as skipped, not passed. The test name is
-/// libtest's name of the test thread.
+/// Reports the running test as skipped for a missing [`Need`]: the same
+/// counted `SKIPPED: <test>: <reason>` line as [`skipped`]. `make test`'s
+/// summaries list such tests as skipped, not passed.
 pub fn report_skip(reason: &SkipReason) {
-    use std::io::Write;
-    let thread = std::thread::current();
-    let test = thread.name().unwrap_or("<unnamed test>");
-    let line = format!("SKIPPED: {test}: {reason}\n");
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    skipped(&reason.0);
 }
 
 /// `require!(Need::A, Need::B, ...)` at the start of a test (or a helper it
@@ -182,6 +202,8 @@ const NRI_SOCKET: &str = "nri/nri.sock";
 pub struct DaemonBuilder {
     config_toml: Option<String>,
     args: Vec<String>,
+    root: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 impl DaemonBuilder {
@@ -196,6 +218,19 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's `--root` (default: `root` in its temp dir), e.g. on a
+    /// filesystem the test mounted.
+    pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+
+    /// An environment variable of the daemon (every start of it).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
     /// Starts the daemon and waits until it answers Version.
     pub async fn start(self) -> Daemon {
         let dir = tempfile::Builder::new()
@@ -203,7 +238,7 @@ impl DaemonBuilder {
             .tempdir()
             .expect("temp dir");
         let socket = dir.path().join("crust.sock");
-        let root = dir.path().join("root");
+        let root = self.root.unwrap_or_else(|| dir.path().join("root"));
         let run_dir = dir.path().join("run");
         let cni_conf_dir = dir.path().join("cni");
         std::fs::create_dir_all(&cni_conf_dir).unwrap();
@@ -240,6 +275,7 @@ impl DaemonBuilder {
         let mut daemon = Daemon {
             child: None,
             args,
+            env: self.env,
             socket,
             root,
             run_dir,
@@ -257,6 +293,7 @@ impl DaemonBuilder {
 pub struct Daemon {
     child: Option<Child>,
     args: Vec<std::ffi::OsString>,
+    env: Vec<(String, String)>,
     pub socket: PathBuf,
     pub root: PathBuf,
     pub run_dir: PathBuf,
@@ -276,6 +313,7 @@ impl Daemon {
             .unwrap();
         let child = Command::new(crust_bin())
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -406,6 +444,30 @@ impl Daemon {
             let _ = child.wait();
             panic!("crust daemon did not exit within {timeout:?} after {signal}")
         })
+    }
+
+    /// Waits for the daemon to exit by itself (a crash point killed it);
+    /// None if it still runs after `timeout` (it is left running).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("daemon running");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Whether the daemon process is running (not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGTERM, as an init system stops it.

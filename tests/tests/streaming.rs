@@ -28,9 +28,17 @@ const MIB: usize = 1024 * 1024;
 // ---- clients ---------------------------------------------------------------
 
 /// The streaming crate's node client (spdy-transport + ws), installed once
-/// per test binary under the target dir. `None` (the test is skipped with a
-/// message) when node or its packages are missing.
+/// per test binary under the target dir. `None` when node or its packages
+/// are missing: the parts of a test that need it are skipped, saying so.
 fn node_dir() -> Option<&'static Path> {
+    let dir = install_node_client();
+    if dir.is_none() {
+        crust_tests::skipped("the node client's parts (node or npm is missing)");
+    }
+    dir
+}
+
+fn install_node_client() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
         if std::process::Command::new("node")
@@ -38,7 +46,7 @@ fn node_dir() -> Option<&'static Path> {
             .output()
             .is_err()
         {
-            eprintln!("SKIP: node is not installed");
+            eprintln!("node is not installed");
             return None;
         }
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streaming/tests/node");
@@ -56,7 +64,7 @@ fn node_dir() -> Option<&'static Path> {
                 .expect("run npm");
             if !out.status.success() {
                 eprintln!(
-                    "SKIP: npm install failed: {}",
+                    "npm install failed: {}",
                     String::from_utf8_lossy(&out.stderr)
                 );
                 return None;

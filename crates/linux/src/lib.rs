@@ -19,6 +19,9 @@
 //!
 //! For image layers and crust's own files: [`fs`] (fd-relative, never
 //! following a symlink).
+//!
+//! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
+//! that die with the daemon).
 
 #[cfg(feature = "cgroups")]
 pub mod cgroups;
@@ -31,6 +34,7 @@ pub mod mounts;
 pub mod ns;
 pub mod poll;
 pub mod process;
+pub mod spawn;
 pub mod sysctl;
 
 pub use error::Error;

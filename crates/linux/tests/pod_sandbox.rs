@@ -310,7 +310,11 @@ fn pod_cgroup_on_a_unified_hierarchy() {
     // On a hybrid host the controller-less cgroup2 mount exercises the v2
     // code path (directories, cgroup.kill, removal).
     let Some(unified) = cgroup2_mount() else {
-        eprintln!("no cgroup2 mount; skipped");
+        // Seen and counted (`grep -c '^SKIPPED'`) past the harness's
+        // capture: never read as passed.
+        use std::io::Write;
+        let _ = std::io::stderr()
+            .write_all(b"SKIPPED: pod_cgroup_on_a_unified_hierarchy: no cgroup2 mount\n");
         return;
     };
     let parent = PathBuf::from(format!("/crust-test-v2-{}", std::process::id()));

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crust_linux::cgroups::{Hierarchy, PodCgroup};
-use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, RuntimeConfig};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, RuntimeConfig, Status};
 use serde_json::Value;
 use tracing::{info, warn};
 
@@ -66,6 +66,9 @@ pub trait ContainerHost: Send + Sync + 'static {
     fn exit_file(&self, state_dir: &Path) -> Option<ExitInfo>;
     /// Whether the container's monitor runs.
     fn monitor_running(&self, state_dir: &Path) -> bool;
+    /// Whether the container's process was started, as its monitor says
+    /// (created, running, stopped); None without a monitor that answers.
+    async fn monitor_status(&self, state_dir: &Path) -> Option<Status>;
     /// SIGKILLs the container, waits for its monitor to leave and kills
     /// the monitor if it does not. False if no monitor runs.
     async fn reap_monitor(&self, state_dir: &Path) -> bool;
@@ -212,6 +215,11 @@ impl ContainerHost for RealContainerHost {
 
     fn monitor_running(&self, state_dir: &Path) -> bool {
         monitor::is_running(state_dir)
+    }
+
+    async fn monitor_status(&self, state_dir: &Path) -> Option<Status> {
+        let m = Monitor::connect(state_dir).ok()?;
+        m.state().await.ok().map(|s| s.status)
     }
 
     async fn reap_monitor(&self, state_dir: &Path) -> bool {

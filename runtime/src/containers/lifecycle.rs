@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
-use crust_shim_protocol::{ExecRequest, ExecSyncOutput};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, Status};
 use prost::Message;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -24,10 +24,12 @@ use super::spec::{self, Built, Parts};
 use super::validate;
 use super::{ContainerError, Containers, PodView, SpecHook};
 use crate::clock::now_ns;
+use crate::crash;
 use crate::events::EventKind;
 use crate::images::ImageFacts;
 use crate::index::{Entry, ReserveError};
 use crate::launch::Launch;
+use crate::quote::quote;
 use crate::tasks::blocking;
 
 /// How long the monitor may take to create a container.
@@ -55,7 +57,9 @@ impl Containers {
             .images
             .resolve(&image_name)
             .map_err(ContainerError::internal)?
-            .ok_or_else(|| ContainerError::NotFound(format!("image {image_name:?} not found")))?;
+            .ok_or_else(|| {
+                ContainerError::NotFound(format!("image {} not found", quote(&image_name)))
+            })?;
         let runtime = self
             .handlers
             .get(&pod.runtime_handler)
@@ -118,11 +122,13 @@ impl Containers {
                 .map(|r| hex::encode(r.encode_to_vec())),
             stop_signal: libc::SIGTERM,
             pid: 0,
+            start_requested_at: 0,
         };
         if let Err(e) = self.store_put(&rec).await {
             self.index.release(&key);
             return Err(e);
         }
+        crash::point("container.create.record");
         if let Err(e) = self
             .create_effects(&mut rec, &pod, &config, &image, hook)
             .await
@@ -134,6 +140,7 @@ impl Containers {
         }
         rec.state = ContainerState::Created;
         self.store_put(&rec).await?;
+        crash::point("container.create.created");
         info!(id, name = %rec.name, pod = %rec.pod_id, "container created");
         self.emit(EventKind::Created, &rec);
         self.index.publish(&id, key, rec);
@@ -152,11 +159,11 @@ impl Containers {
         image: &ImageFacts,
         hook: &dyn SpecHook,
     ) -> Result<(), ContainerError> {
-        let lowers = self
-            .images
-            .lease(&rec.id, &image.id)
-            .await
-            .map_err(|e| ContainerError::NotFound(format!("image {:?}: {e}", rec.image)))?;
+        let lowers =
+            self.images.lease(&rec.id, &image.id).await.map_err(|e| {
+                ContainerError::NotFound(format!("image {}: {e}", quote(&rec.image)))
+            })?;
+        crash::point("container.create.leased");
         let target_pid_ns = self.target_pid_ns(config, &pod.id)?;
         let runtime_facts = crust_oci::RuntimeFacts {
             rro_supported: self
@@ -170,6 +177,7 @@ impl Containers {
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
             blocking(move || -> Result<Built, ContainerError> {
                 host.prepare_rootfs(&r, &lowers)?;
+                crash::point("container.create.rootfs");
                 let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
                 let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;
                 let parts = Parts {
@@ -216,6 +224,7 @@ impl Containers {
                 timeout: CREATE_TIMEOUT,
             })
             .await?;
+        crash::point("container.create.launched");
         rec.user = Some(built.user);
         rec.stop_signal = built.stop_signal;
         rec.pid = pid;
@@ -282,7 +291,25 @@ impl Containers {
                 rec.state.as_str()
             )));
         }
-        if let Err(e) = self.host.start(&rec.state_dir).await {
+        // Recorded first: a start cut short (a daemon crash, a failed write)
+        // is then looked up at the monitor, never guessed.
+        rec.start_requested_at = now_ns();
+        self.store_put(&rec).await?;
+        crash::point("container.start.begun");
+        let started = match self.host.start(&rec.state_dir).await {
+            Ok(()) => Ok(()),
+            // A start that got to the monitor before (the record did not
+            // learn of it): the monitor says whether the process runs.
+            Err(e) => match self.host.monitor_status(&rec.state_dir).await {
+                Some(Status::Running) => {
+                    warn!(id = %rec.id, "the container had been started already: {}", e.message());
+                    Ok(())
+                }
+                _ => Err(e),
+            },
+        };
+        crash::point("container.start.started");
+        if let Err(e) = started {
             // The container cannot run any more; it shows as exited.
             rec.state = ContainerState::Exited;
             rec.started_at = 0;
@@ -300,6 +327,7 @@ impl Containers {
         rec.state = ContainerState::Running;
         rec.started_at = now_ns();
         self.store_put(&rec).await?;
+        crash::point("container.start.running");
         entry.set(rec.clone());
         self.emit(EventKind::Started, &rec);
         info!(id = %rec.id, "container started");
@@ -338,6 +366,7 @@ impl Containers {
         if let Err(e) = self.host.kill(&rec.state_dir, signal, false).await {
             debug!(id = %rec.id, "stop signal: {e}");
         }
+        crash::point("container.stop.signalled");
         if signal != libc::SIGKILL {
             let grace = Duration::from_secs(timeout.clamp(0, 24 * 3600) as u64);
             if self.wait_exit(entry, grace).await {
@@ -346,6 +375,7 @@ impl Containers {
         }
         if signal != libc::SIGKILL || rec.state == ContainerState::Running {
             let _ = self.host.kill(&rec.state_dir, libc::SIGKILL, true).await;
+            crash::point("container.stop.killed");
         }
         if self.wait_exit(entry, KILL_WAIT).await {
             return Ok(());
@@ -384,12 +414,16 @@ impl Containers {
             return Ok(None);
         }
         self.stop_locked(&entry, 0).await?;
+        crash::point("container.remove.stopped");
         let rec = entry.snapshot();
         self.teardown(&rec).await?;
+        crash::point("container.remove.torn_down");
         self.images.release(&rec.id).await.map_err(|e| {
             ContainerError::Internal(format!("releasing the image of {}: {e}", rec.id))
         })?;
+        crash::point("container.remove.released");
         self.store_delete(&rec.id).await?;
+        crash::point("container.remove.deleted");
         self.index.unpublish(&rec.id, &rec.name_key());
         op.mark_removed();
         self.emit(EventKind::Deleted, &rec);
@@ -463,7 +497,9 @@ impl Containers {
             timeout_ms: (timeout_s as u64).saturating_mul(1000),
             ..Default::default()
         };
+        crash::point("container.exec_sync.begun");
         let out = self.host.exec_sync(&rec.state_dir, &req).await?;
+        crash::point("container.exec_sync.done");
         if out.timed_out {
             return Err(ContainerError::DeadlineExceeded(format!(
                 "command timeout {timeout_s}s exceeded"
@@ -505,6 +541,7 @@ impl Containers {
         }
         let oci = spec::update_resources(&res, &self.facts)?;
         self.host.update(&rec.state_dir, &oci).await?;
+        crash::point("container.update.applied");
         rec.resources = Some(hex::encode(res.encode_to_vec()));
         self.store_put(&rec).await?;
         entry.set(rec);
@@ -517,6 +554,7 @@ impl Containers {
     /// mount, the state and layer dirs. Idempotent.
     pub(super) async fn teardown(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
         let orphan = !self.host.reap_monitor(&rec.state_dir).await;
+        crash::point("container.teardown.monitor");
         let (host, rec) = (self.host.clone(), rec.clone());
         blocking(move || {
             if orphan {
@@ -524,6 +562,7 @@ impl Containers {
             }
             host.delete_runtime_state(&rec);
             host.unmount_rootfs(&rec.rootfs)?;
+            crash::point("container.teardown.unmounted");
             host.remove_tree(&rec.state_dir)?;
             host.remove_tree(&rec.layer_dir)
         })

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use crust_oci::{Host, HostDevice, HostPropagation};
-use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, Status};
 use serde_json::Value;
 use tokio::sync::Notify;
 
@@ -111,6 +111,12 @@ impl FakeContainerHost {
             .processes
             .insert(id.into(), Process::Exited(code));
         self.exited.notify_waiters();
+    }
+
+    /// The container's process runs: a start reached the monitor (the
+    /// daemon may not have recorded it).
+    pub fn run(&self, id: &str) {
+        self.state().processes.insert(id.into(), Process::Running);
     }
 
     /// The container's monitor is SIGKILLed: no exit file, no monitor.
@@ -279,6 +285,15 @@ impl ContainerHost for FakeContainerHost {
 
     fn monitor_running(&self, state_dir: &Path) -> bool {
         self.live(state_dir)
+    }
+
+    async fn monitor_status(&self, state_dir: &Path) -> Option<Status> {
+        match self.process(state_dir)? {
+            Process::Created => Some(Status::Created),
+            Process::Running => Some(Status::Running),
+            // The monitor has left (with or without an exit file).
+            Process::Exited(_) | Process::Lost => None,
+        }
     }
 
     async fn reap_monitor(&self, state_dir: &Path) -> bool {

@@ -146,6 +146,11 @@ impl RealPodHost {
     }
 }
 
+/// Where a pod's namespaces are pinned before they move to `ns_dir`.
+fn staging_dir(ns_dir: &Path) -> PathBuf {
+    ns_dir.with_file_name("ns.pinning")
+}
+
 fn not_found_is_ok(r: std::io::Result<()>, dir: &Path) -> Result<(), PodError> {
     match r {
         Ok(()) => Ok(()),
@@ -197,10 +202,26 @@ impl PodHost for RealPodHost {
             .map_err(|e| PodError::internal(&format!("creating {}", dir.display()), e))
     }
 
+    /// Pins into a staging dir, then renames it to `ns_dir`: the pins'
+    /// paths appear only once each is a mount of its namespace. (Pinning
+    /// creates the files first and mounts onto them; a daemon killed in
+    /// between left empty `ns/net` files that CNI DEL then refused, for
+    /// good.) A mount moves with the dir it is in.
     fn pin_namespaces(&self, ns_dir: &Path, opts: &PinOptions) -> Result<(), PodError> {
-        ns::pin_namespaces(ns_dir, opts)
-            .map(drop)
-            .map_err(|e| PodError::linux("pinning the pod's namespaces", e))
+        let staging = staging_dir(ns_dir);
+        // What a crash in an earlier attempt may have left.
+        ns::unpin_namespaces(&staging)
+            .map_err(|e| PodError::linux("unpinning a staging dir", e))?;
+        ns::pin_namespaces(&staging, opts)
+            .map_err(|e| PodError::linux("pinning the pod's namespaces", e))?;
+        if let Err(e) = std::fs::rename(&staging, ns_dir) {
+            let _ = ns::unpin_namespaces(&staging);
+            return Err(PodError::internal(
+                &format!("moving the pinned namespaces to {}", ns_dir.display()),
+                e,
+            ));
+        }
+        Ok(())
     }
 
     fn create_cgroup(&self, path: &Path) -> Result<(), PodError> {
@@ -298,8 +319,11 @@ impl PodHost for RealPodHost {
         pause::pid(rec)
     }
 
+    /// Also the staging dir of [`RealPodHost::pin_namespaces`], which a
+    /// crash can leave with pins (mounted or not yet) in it.
     fn unpin_namespaces(&self, ns_dir: &Path) -> Result<(), PodError> {
-        ns::unpin_namespaces(ns_dir)
+        ns::unpin_namespaces(&staging_dir(ns_dir))
+            .and_then(|()| ns::unpin_namespaces(ns_dir))
             .map_err(|e| PodError::Internal(format!("unpinning the namespaces: {e}")))
     }
 

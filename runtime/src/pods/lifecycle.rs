@@ -17,6 +17,7 @@ use super::record::{self, NamespacePaths, NetworkRecord, PodRecord, PodState};
 use super::spec::PodSpec;
 use super::{PodError, PodOp, Pods, files, name_key, pause};
 use crate::clock::now_ns;
+use crate::crash;
 use crate::tasks::blocking;
 
 impl Pods {
@@ -59,13 +60,16 @@ impl Pods {
                 store
                     .put(&rec)
                     .map_err(|e| PodError::from(e).context("writing the pod record"))?;
+                crash::point("pod.run.record");
                 create_local(&*host, &rec, &spec)
             })
             .await
         };
         let res = match res {
             Ok(()) if pause::shares_pid(&rec) => {
-                self.host.start_pause(&rec, &self.oci_facts(&rec)).await
+                let started = self.host.start_pause(&rec, &self.oci_facts(&rec)).await;
+                crash::point("pod.run.pause");
+                started
             }
             res => res,
         };
@@ -80,7 +84,9 @@ impl Pods {
 
         // 2. CNI ADD.
         if let Some(net) = rec.network.as_mut() {
-            match self.host.cni_add(&net.config, &net.attachment).await {
+            let added = self.host.cni_add(&net.config, &net.attachment).await;
+            crash::point("pod.run.cni_added");
+            match added {
                 Ok(added) => {
                     net.result = Some(added.raw);
                     net.ips = added.ips.iter().map(ToString::to_string).collect();
@@ -110,12 +116,14 @@ impl Pods {
             );
             blocking(move || {
                 finish_local(&*host, &rec, &spec)?;
+                crash::point("pod.run.finished");
                 store
                     .put(&rec)
                     .map_err(|e| PodError::from(e).context("writing the pod record"))
             })
             .await
         };
+        crash::point("pod.run.ready");
         if let Err(e) = res {
             rec.state = PodState::Creating;
             return Err(self.rollback(rec, e).await);
@@ -144,18 +152,22 @@ impl Pods {
         let entry = op.entry();
         let mut rec = entry.snapshot();
         self.host.stop_pause(&rec).await?;
+        crash::point("pod.stop.pause");
         if rec.state == PodState::Ready {
             rec.state = PodState::NotReady;
             self.store_put(&rec).await?;
+            crash::point("pod.stop.not_ready");
             entry.set(rec.clone());
             info!(id = %rec.id, name = %rec.metadata.name, "pod sandbox stopped");
         }
         if rec.network_attached() {
             self.del_network(&rec).await?;
+            crash::point("pod.stop.cni_deleted");
             if let Some(net) = rec.network.as_mut() {
                 net.attached = false;
             }
             self.store_put(&rec).await?;
+            crash::point("pod.stop.detached");
             entry.set(rec);
         }
         Ok(())
@@ -167,6 +179,7 @@ impl Pods {
     pub async fn remove(&self, mut op: PodOp) -> Result<(), PodError> {
         let rec = op.entry().snapshot();
         self.teardown_local(&rec).await?;
+        crash::point("pod.remove.torn_down");
         // Last: a crash before this leaves a record whose teardown the next
         // Remove repeats.
         {
@@ -178,6 +191,7 @@ impl Pods {
             })
             .await?;
         }
+        crash::point("pod.remove.deleted");
         self.index.unpublish(&rec.id, &name_key(&rec.metadata));
         op.mark_removed();
         info!(id = %rec.id, name = %rec.metadata.name, "pod sandbox removed");
@@ -302,6 +316,7 @@ impl Pods {
         warn!(id = %rec.id, "pod sandbox creation failed, undoing it: {cause}");
         match self.teardown(&rec).await {
             Ok(()) => {
+                crash::point("pod.rollback.torn_down");
                 let (store, id) = (self.store.clone(), rec.id.clone());
                 let deleted =
                     blocking(move || Ok::<_, PodError>(store.delete::<PodRecord>(&id)?)).await;
@@ -353,6 +368,7 @@ impl Pods {
         if let Err(e) = self.host.stop_pause(rec).await {
             errors.push(format!("stopping the pause process: {e}"));
         }
+        crash::point("pod.teardown.pause");
         let (host, rec) = (self.host.clone(), rec.clone());
         let errors = blocking(move || {
             teardown_files(&*host, &rec, &mut errors);
@@ -384,6 +400,7 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
     // Not recursive: the ID is new, so an existing dir is an error.
     host.create_dir(&rec.run_dir)?;
     host.create_dir(&rec.state_dir)?;
+    crash::point("pod.run.dirs");
     let own_uts = rec.namespaces.uts.is_some();
     let opts = PinOptions {
         net: rec.namespaces.net.is_some(),
@@ -396,10 +413,13 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
     };
     if opts.net || opts.ipc || opts.uts {
         host.pin_namespaces(&rec.ns_dir, &opts)?;
+        crash::point("pod.run.pinned");
     }
     host.create_cgroup(&rec.cgroup_path)?;
+    crash::point("pod.run.cgroup");
     if let Some(shm) = &rec.shm {
         host.mount_shm(shm)?;
+        crash::point("pod.run.shm");
     }
     host.write_file(&rec.hostname_path, &files::hostname(&rec.hostname))?;
     let resolv = match &spec.dns {
@@ -439,14 +459,17 @@ fn teardown_files(host: &dyn PodHost, rec: &PodRecord, errors: &mut Vec<String>)
     if let Err(e) = host.unpin_namespaces(&rec.ns_dir) {
         errors.push(e.to_string());
     }
+    crash::point("pod.teardown.unpinned");
     if let Some(shm) = &rec.shm
         && let Err(e) = host.unmount_shm(shm)
     {
         errors.push(e.to_string());
     }
+    crash::point("pod.teardown.shm");
     if let Err(e) = host.delete_cgroup(&rec.cgroup_path) {
         errors.push(e.to_string());
     }
+    crash::point("pod.teardown.cgroup");
     if let Err(e) = host.remove_tree(&rec.state_dir) {
         errors.push(e.to_string());
     }
