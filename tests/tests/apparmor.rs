@@ -42,7 +42,9 @@ fn apparmor_missing() -> Option<String> {
         Err(_) => return Some("this kernel has no AppArmor".into()),
     }
     if !Path::new(PROFILES).exists() {
-        return Some(format!("AppArmor is on but {PROFILES} is missing (securityfs)"));
+        return Some(format!(
+            "AppArmor is on but {PROFILES} is missing (securityfs)"
+        ));
     }
     if Command::new("apparmor_parser")
         .arg("--version")
@@ -64,11 +66,7 @@ fn apparmor_present() -> Option<String> {
         .then(|| "this host enforces AppArmor (the test is about hosts without it)".into())
 }
 
-fn trial(
-    name: &'static str,
-    needs: fn() -> Option<String>,
-    test: fn() -> TestResult,
-) -> Trial {
+fn trial(name: &'static str, needs: fn() -> Option<String>, test: fn() -> TestResult) -> Trial {
     Trial::ignorable_test(name, move || {
         if let Some(reason) = needs() {
             // One write, so the line stays whole beside other tests' output.
@@ -109,9 +107,11 @@ fn main() -> ExitCode {
         trial("runtime_default_is_enforced_runc", on, || {
             block_on(runtime_default_is_enforced("runc"))
         }),
-        trial("unconfined_and_privileged_are_unconfined_embedded", on, || {
-            block_on(unconfined_and_privileged_are_unconfined(""))
-        }),
+        trial(
+            "unconfined_and_privileged_are_unconfined_embedded",
+            on,
+            || block_on(unconfined_and_privileged_are_unconfined("")),
+        ),
         trial("unconfined_and_privileged_are_unconfined_runc", on, || {
             block_on(unconfined_and_privileged_are_unconfined("runc"))
         }),
@@ -456,8 +456,14 @@ async fn localhost_profile_denies_writes(handler: &str) {
         ..Default::default()
     };
     let id = e.run(&pod, e.container("sleeper", sc)).await;
-    assert_eq!(e.host_label(&id).await, format!("{} (enforce)", profile.name));
-    assert_eq!(e.exec_label(&id).await, format!("{} (enforce)", profile.name));
+    assert_eq!(
+        e.host_label(&id).await,
+        format!("{} (enforce)", profile.name)
+    );
+    assert_eq!(
+        e.exec_label(&id).await,
+        format!("{} (enforce)", profile.name)
+    );
     let (code, out) = e.sh(&id, "touch /data/from-exec").await;
     assert_ne!(code, 0, "exec wrote to /data: {out}");
     assert!(out.contains("ermission denied"), "{out}");
@@ -503,7 +509,10 @@ async fn unloaded_localhost_profile_is_refused() {
 /// mount otherwise: the unconfined control below does).
 async fn runtime_default_is_enforced(handler: &str) {
     let mut e = env().await;
-    assert!(loaded(DEFAULT_PROFILE), "the daemon did not load {DEFAULT_PROFILE}");
+    assert!(
+        loaded(DEFAULT_PROFILE),
+        "the daemon did not load {DEFAULT_PROFILE}"
+    );
     let pod = e.pod("default", handler, false).await;
     let enforced = format!("{DEFAULT_PROFILE} (enforce)");
     #[allow(deprecated)]
@@ -512,7 +521,10 @@ async fn runtime_default_is_enforced(handler: &str) {
         ..Default::default()
     };
     for (name, sc) in [
-        ("typed", of_type(v1::security_profile::ProfileType::RuntimeDefault)),
+        (
+            "typed",
+            of_type(v1::security_profile::ProfileType::RuntimeDefault),
+        ),
         ("deprecated", deprecated),
         ("unset", v1::LinuxContainerSecurityContext::default()),
     ] {
@@ -536,8 +548,13 @@ async fn runtime_default_is_enforced(handler: &str) {
             ),
         )
         .await;
-    let (code, out) = e.sh(&confined, "mount -t tmpfs none /mnt && echo MOUNTED").await;
-    assert!(code != 0 && !out.contains("MOUNTED"), "mount under {DEFAULT_PROFILE}: {out}");
+    let (code, out) = e
+        .sh(&confined, "mount -t tmpfs none /mnt && echo MOUNTED")
+        .await;
+    assert!(
+        code != 0 && !out.contains("MOUNTED"),
+        "mount under {DEFAULT_PROFILE}: {out}"
+    );
     let (code, out) = e.sh(&confined, "touch /tmp/fine && echo OK").await;
     assert_eq!((code, out.trim()), (0, "OK"));
     let control = e
@@ -549,7 +566,9 @@ async fn runtime_default_is_enforced(handler: &str) {
             ),
         )
         .await;
-    let (code, out) = e.sh(&control, "mount -t tmpfs none /mnt && echo MOUNTED").await;
+    let (code, out) = e
+        .sh(&control, "mount -t tmpfs none /mnt && echo MOUNTED")
+        .await;
     assert_eq!((code, out.trim()), (0, "MOUNTED"), "the unconfined control");
     e.d.remove_all_pods().await;
 }
@@ -563,7 +582,10 @@ async fn unconfined_and_privileged_are_unconfined(handler: &str) {
     let id = e
         .run(
             &pod,
-            e.container("unconfined", of_type(v1::security_profile::ProfileType::Unconfined)),
+            e.container(
+                "unconfined",
+                of_type(v1::security_profile::ProfileType::Unconfined),
+            ),
         )
         .await;
     assert_eq!(e.host_label(&id).await, "unconfined");
@@ -586,9 +608,15 @@ async fn unconfined_and_privileged_are_unconfined(handler: &str) {
         assert_eq!(e.exec_label(&id).await, "unconfined", "{name}");
     }
     let id = e
-        .run(&pod, e.container("priv-named", privileged(localhost(&profile.name))))
+        .run(
+            &pod,
+            e.container("priv-named", privileged(localhost(&profile.name))),
+        )
         .await;
-    assert_eq!(e.exec_label(&id).await, format!("{} (enforce)", profile.name));
+    assert_eq!(
+        e.exec_label(&id).await,
+        format!("{} (enforce)", profile.name)
+    );
     e.d.remove_all_pods().await;
     drop(e);
     drop(profile);
@@ -610,7 +638,10 @@ async fn status_reports_apparmor(enabled: bool) {
         assert_eq!(info["defaultProfile"], DEFAULT_PROFILE, "{info}");
         assert_eq!(info["defaultProfileLoaded"], true, "{info}");
     } else {
-        assert!(info["reason"].as_str().is_some_and(|r| !r.is_empty()), "{info}");
+        assert!(
+            info["reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{info}"
+        );
     }
 }
 
@@ -628,7 +659,10 @@ async fn without_apparmor() {
     let id = e
         .run(
             &pod,
-            e.container("b", of_type(v1::security_profile::ProfileType::RuntimeDefault)),
+            e.container(
+                "b",
+                of_type(v1::security_profile::ProfileType::RuntimeDefault),
+            ),
         )
         .await;
     let (code, out) = e.sh(&id, "touch /data/x && echo OK").await;
