@@ -11,6 +11,7 @@ use anyhow::Context;
 use crust_image::ImageService;
 use crust_linux::cgroups::{self, Hierarchy};
 use crust_network::{Cni, DefaultNetwork};
+use crust_nri::{Nri, RuntimeInfo};
 use crust_store::{Kind, Record, Store};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -19,7 +20,7 @@ use crate::config::{CgroupDriver, Config};
 use crate::containers::{self, Containers, RealContainerHost};
 use crate::handlers::Handlers;
 use crate::launch::Launcher;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, NriBackend};
 use crate::pods::{Pods, RealPodHost};
 use crate::stats::CgroupStats;
 
@@ -134,8 +135,9 @@ impl Daemon {
             .await
             .context("recovering containers")?;
         let stats = Arc::new(CgroupStats::new(cgroup_hierarchy));
+        let nri = start_nri(&config, &pods, &containers).await?;
         Ok(Daemon {
-            lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone()),
+            lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone(), nri),
             config,
             store,
             cgroup_hierarchy,
@@ -166,6 +168,34 @@ impl Daemon {
         *guard = cidrs;
         Ok(())
     }
+}
+
+/// NRI, once the pods and containers are recovered (pre-installed plugins
+/// are started and synchronized with them before this returns). A socket
+/// that cannot be served stops the daemon: NRI is on unless configured off.
+async fn start_nri(
+    config: &Config,
+    pods: &Arc<Pods>,
+    containers: &Arc<Containers>,
+) -> anyhow::Result<Nri> {
+    let nri = Nri::start(
+        config.nri.clone(),
+        RuntimeInfo {
+            name: "crust".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        Arc::new(NriBackend::new(pods, containers)),
+    )
+    .await
+    .context("starting NRI ([nri] in the config, --nri-socket)")?;
+    if nri.is_enabled() {
+        info!(
+            socket = %config.nri.socket_path.display(),
+            plugins = nri.plugins().len(),
+            "NRI enabled"
+        );
+    }
+    Ok(nri)
 }
 
 /// The CNI plugin runner; installs the default network first if the config

@@ -135,6 +135,9 @@ struct DaemonArgs {
     /// Registry host config directory (containerd hosts.toml layout).
     #[arg(long, value_name = "DIR")]
     registry_config_dir: Option<PathBuf>,
+    /// The socket NRI plugins connect to (`nri.socket_path`).
+    #[arg(long, value_name = "PATH")]
+    nri_socket: Option<PathBuf>,
 }
 
 impl DaemonArgs {
@@ -160,6 +163,7 @@ impl DaemonArgs {
         set!(self.cni_conf_dir => network.cni_conf_dir);
         set!(self.cni_bin_dir => network.cni_bin_dirs);
         set!(self.registry_config_dir => registry.config_dir);
+        set!(self.nri_socket => nri.socket_path);
         if self.install_default_conflist {
             c.network.install_default_conflist = true;
         }

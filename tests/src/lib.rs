@@ -37,6 +37,146 @@ pub fn crust_bin() -> PathBuf {
     bin
 }
 
+/// The environment variable that picks the cgroup driver of every test
+/// daemon (`--cgroup-driver`): `cgroupfs` or `systemd`. Unset: the daemon's
+/// default (cgroupfs). The VM test bed (hack/vm) runs the suites once with
+/// each.
+pub const CGROUP_DRIVER_ENV: &str = "CRUST_TEST_CGROUP_DRIVER";
+
+fn cgroup_driver_from_env() -> Option<&'static str> {
+    let value = std::env::var(CGROUP_DRIVER_ENV).ok()?;
+    match value.as_str() {
+        "cgroupfs" => Some("cgroupfs"),
+        "systemd" => Some("systemd"),
+        "" => None,
+        other => panic!("{CGROUP_DRIVER_ENV}={other:?}: expected cgroupfs or systemd"),
+    }
+}
+
+/// The cgroup driver the test daemons run with (see [`CGROUP_DRIVER_ENV`]),
+/// for assertions that depend on it.
+pub fn cgroup_driver() -> &'static str {
+    cgroup_driver_from_env().unwrap_or("cgroupfs")
+}
+
+/// What a test may need of the machine it runs on. `make test` runs the
+/// suites on the host (cgroup v1 hybrid, no systemd, no AppArmor) and in the
+/// VM test bed (cgroup v2 alone, systemd, AppArmor; once per cgroup driver);
+/// a test that needs one of these starts with [`require!`] and is counted
+/// as skipped, with the reason, where it is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The unified cgroup v2 hierarchy alone at /sys/fs/cgroup.
+    CgroupV2,
+    /// cgroup v1 controllers at /sys/fs/cgroup (legacy or hybrid layout).
+    CgroupV1,
+    /// systemd is the init system (`/run/systemd/system` exists).
+    Systemd,
+    /// systemd is not the init system.
+    NoSystemd,
+    /// The test daemons use the systemd cgroup driver.
+    SystemdDriver,
+    /// The test daemons use the cgroupfs driver.
+    CgroupfsDriver,
+    /// AppArmor is enabled in the kernel and `apparmor_parser` is installed.
+    AppArmor,
+    /// AppArmor is not enabled.
+    NoAppArmor,
+    /// `runc` is in PATH.
+    Runc,
+    /// `crun` is in PATH.
+    Crun,
+}
+
+/// Why a test cannot run here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkipReason(pub String);
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `None` when this machine (and run) offers `need`, else why not.
+pub fn require(need: Need) -> Option<SkipReason> {
+    let v2 = cgroup_v2_alone();
+    let apparmor = apparmor_enabled();
+    let systemd = Path::new("/run/systemd/system").is_dir();
+    let (ok, why) = match need {
+        Need::CgroupV2 => (v2, "needs cgroup v2 alone (this machine mounts cgroup v1)"),
+        Need::CgroupV1 => (!v2, "needs cgroup v1 (this machine has cgroup v2 alone)"),
+        Need::Systemd => (systemd, "needs systemd as the init system"),
+        Need::NoSystemd => (!systemd, "needs a machine without systemd as init"),
+        Need::SystemdDriver => (
+            cgroup_driver() == "systemd",
+            "needs the systemd cgroup driver (CRUST_TEST_CGROUP_DRIVER=systemd)",
+        ),
+        Need::CgroupfsDriver => (
+            cgroup_driver() == "cgroupfs",
+            "needs the cgroupfs cgroup driver (this run uses systemd)",
+        ),
+        Need::AppArmor => (apparmor, "needs AppArmor (kernel and apparmor_parser)"),
+        Need::NoAppArmor => (!apparmor, "needs a machine without AppArmor"),
+        Need::Runc => (in_path("runc"), "needs runc in PATH"),
+        Need::Crun => (in_path("crun"), "needs crun in PATH"),
+    };
+    (!ok).then(|| SkipReason(why.to_string()))
+}
+
+/// Reports the running test as skipped: one line `SKIPPED: <test>: <reason>`
+/// written straight to stderr (past libtest's output capture, so it shows
+/// for a test that then returns and passes). `make test`'s summaries count
+/// these lines and list such tests as skipped, not passed. The test name is
+/// libtest's name of the test thread.
+pub fn report_skip(reason: &SkipReason) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("<unnamed test>");
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// `require!(Need::A, Need::B, ...)` at the start of a test (or a helper it
+/// calls): returns from it, reported as a counted skip ([`report_skip`]),
+/// unless the machine offers every one of them.
+#[macro_export]
+macro_rules! require {
+    ($($env:expr),+ $(,)?) => {
+        $(
+            if let Some(reason) = $crate::require($env) {
+                $crate::report_skip(&reason);
+                return;
+            }
+        )+
+    };
+}
+
+fn cgroup_v2_alone() -> bool {
+    nix::sys::statfs::statfs("/sys/fs/cgroup")
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+fn apparmor_enabled() -> bool {
+    std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y")
+        && Path::new("/sys/kernel/security/apparmor").is_dir()
+        && in_path("apparmor_parser")
+}
+
+fn in_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// A test daemon's NRI socket, relative to its temp dir.
+const NRI_SOCKET: &str = "nri/nri.sock";
+
 /// How to start a daemon.
 #[derive(Default)]
 pub struct DaemonBuilder {
@@ -70,7 +210,7 @@ impl DaemonBuilder {
         let config = dir.path().join("config.toml");
         std::fs::write(
             &config,
-            test_config(self.config_toml.as_deref().unwrap_or("")),
+            test_config(self.config_toml.as_deref().unwrap_or(""), dir.path()),
         )
         .unwrap();
         let log = dir.path().join("daemon.log");
@@ -86,6 +226,16 @@ impl DaemonBuilder {
             args.push(value.into());
         }
         args.extend(["--log-level".into(), "debug".into()]);
+        // The run's driver, unless this test picks one itself.
+        let picks_driver = self.args.iter().any(|a| a.starts_with("--cgroup-driver"))
+            || self
+                .config_toml
+                .as_deref()
+                .and_then(|t| t.parse::<toml::Table>().ok())
+                .is_some_and(|t| t.contains_key("cgroup_driver"));
+        if let (false, Some(driver)) = (picks_driver, cgroup_driver_from_env()) {
+            args.extend(["--cgroup-driver".into(), driver.into()]);
+        }
         args.extend(self.args.iter().map(Into::into));
         let mut daemon = Daemon {
             child: None,
@@ -160,6 +310,20 @@ impl Daemon {
     /// tests put their own scratch files (e.g. CNI IPAM state) here too.
     pub fn temp_dir(&self) -> &Path {
         self.dir.as_ref().expect("temp dir").path()
+    }
+
+    /// The daemon's NRI socket (unless the test's config names another).
+    pub fn nri_socket(&self) -> PathBuf {
+        self.temp_dir().join(NRI_SOCKET)
+    }
+
+    /// Where the daemon looks for pre-installed NRI plugins and their
+    /// configuration (unless the test's config names others).
+    pub fn nri_plugin_dirs(&self) -> (PathBuf, PathBuf) {
+        (
+            self.temp_dir().join("nri/plugins"),
+            self.temp_dir().join("nri/conf.d"),
+        )
     }
 
     /// Stops and removes every pod sandbox of the daemon through the API.
@@ -332,8 +496,10 @@ pub fn run_crust(args: &[&str]) -> std::process::Output {
 
 /// The test's config with `network.install_default_conflist = false` added
 /// unless the test sets it: a test daemon gets a network only from the
-/// test (see [`TestNetwork`]).
-fn test_config(toml_text: &str) -> String {
+/// test (see [`TestNetwork`]). Likewise NRI's socket and plugin dirs are
+/// the daemon's own, under `dir` (parallel daemons on the default socket
+/// would collide, and a test daemon must not start the host's plugins).
+fn test_config(toml_text: &str, dir: &Path) -> String {
     let Ok(mut table) = toml_text.parse::<toml::Table>() else {
         // Invalid on purpose: the daemon reports it.
         return toml_text.to_string();
@@ -345,6 +511,19 @@ fn test_config(toml_text: &str) -> String {
         network
             .entry("install_default_conflist")
             .or_insert(toml::Value::Boolean(false));
+    }
+    let nri = table
+        .entry("nri")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let Some(nri) = nri.as_table_mut() {
+        for (key, rel) in [
+            ("socket_path", NRI_SOCKET),
+            ("plugin_path", "nri/plugins"),
+            ("plugin_config_path", "nri/conf.d"),
+        ] {
+            nri.entry(key)
+                .or_insert_with(|| toml::Value::String(dir.join(rel).display().to_string()));
+        }
     }
     table.to_string()
 }

@@ -13,7 +13,7 @@ use crust_tests::crust_api::v1;
 use crust_tests::registry::*;
 use crust_tests::tonic::Code;
 use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, TestNetwork};
+use crust_tests::{Daemon, Need, TestNetwork, require};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -870,10 +870,7 @@ async fn exec_runs_through_the_monitor_over_spdy_and_websocket() {
 /// process starts (see the note in the streaming issue).
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_with_a_tty_gets_the_clients_size_over_spdy_and_websocket() {
-    if !runc_installed() {
-        eprintln!("SKIP: runc is not installed");
-        return;
-    }
+    require!(Need::Runc);
     let mut e = env("runc").await;
     let id = e.container("tty", |_| {}).await;
     let url = e

@@ -22,7 +22,7 @@ use super::host::KILL_WAIT;
 use super::record::{ContainerRecord, ContainerState};
 use super::spec::{self, Built, Parts};
 use super::validate;
-use super::{ContainerError, Containers, PodView};
+use super::{ContainerError, Containers, PodView, SpecHook};
 use crate::clock::now_ns;
 use crate::events::EventKind;
 use crate::images::ImageFacts;
@@ -35,11 +35,13 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Containers {
     /// CreateContainer, with `config` from [`validate::checked_config`]
-    /// and its pod as the pod is now.
+    /// and its pod as the pod is now; `hook` sees the spec before the
+    /// container is created.
     pub async fn create(
         self: &Arc<Self>,
         pod: PodView,
         config: ContainerConfig,
+        hook: &dyn SpecHook,
     ) -> Result<String, ContainerError> {
         let md = config.metadata.clone().unwrap_or_default();
         if !pod.ready {
@@ -121,7 +123,10 @@ impl Containers {
             self.index.release(&key);
             return Err(e);
         }
-        if let Err(e) = self.create_effects(&mut rec, &pod, &config, &image).await {
+        if let Err(e) = self
+            .create_effects(&mut rec, &pod, &config, &image, hook)
+            .await
+        {
             warn!(id, "container creation failed, undoing it: {e}");
             self.undo_create(&rec).await;
             self.index.release(&key);
@@ -145,6 +150,7 @@ impl Containers {
         pod: &PodView,
         config: &ContainerConfig,
         image: &ImageFacts,
+        hook: &dyn SpecHook,
     ) -> Result<(), ContainerError> {
         let lowers = self
             .images
@@ -159,7 +165,7 @@ impl Containers {
                 .recursive_read_only_mounts,
             ..self.facts.clone()
         };
-        let built = {
+        let mut built = {
             let host = self.host.clone();
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
             blocking(move || -> Result<Built, ContainerError> {
@@ -182,9 +188,19 @@ impl Containers {
             })
             .await?
         };
-        // The spec is final from here on: adjustments from outside (NRI
-        // plugins' CreateContainer) would be applied to `built.spec` before
-        // the launch, handed down from `crate::lifecycle`.
+        if let Some(res) = hook.adjust(rec, &mut built.spec).await? {
+            rec.resources = Some(hex::encode(res.encode_to_vec()));
+        }
+        // Whatever the hook asked for, the daemon cannot lower a process's
+        // oom_score_adj below its own (no CAP_SYS_RESOURCE): raised to it,
+        // as the generated spec is.
+        let min_oom = self.facts.min_oom_score_adj.clamp(-1000, 1000) as i32;
+        if let Some(p) = built.spec.process_mut()
+            && let Some(v) = p.oom_score_adj()
+            && v < min_oom
+        {
+            p.set_oom_score_adj(Some(min_oom));
+        }
         let pid = self
             .host
             .launch(Launch {

@@ -61,6 +61,8 @@ pub struct FakeContainerHost {
     exec_output: Mutex<Option<ExecSyncOutput>>,
     /// Every launch request.
     launches: Mutex<Vec<Launch>>,
+    /// Every resource update: (container ID, OCI resources).
+    updates: Mutex<Vec<(String, Value)>>,
     next_pid: Mutex<i32>,
 }
 
@@ -74,6 +76,7 @@ impl FakeContainerHost {
             stubborn: Mutex::new(HashSet::new()),
             exec_output: Mutex::new(None),
             launches: Mutex::new(Vec::new()),
+            updates: Mutex::new(Vec::new()),
             next_pid: Mutex::new(1000),
         }
     }
@@ -96,6 +99,10 @@ impl FakeContainerHost {
 
     pub fn launches(&self) -> Vec<Launch> {
         self.launches.lock().unwrap().clone()
+    }
+
+    pub fn updates(&self) -> Vec<(String, Value)> {
+        self.updates.lock().unwrap().clone()
     }
 
     /// The container's process exits by itself with `code`.
@@ -221,8 +228,12 @@ impl ContainerHost for FakeContainerHost {
         }
     }
 
-    async fn update(&self, state_dir: &Path, _resources: &Value) -> Result<(), ContainerError> {
+    async fn update(&self, state_dir: &Path, resources: &Value) -> Result<(), ContainerError> {
         self.journal.push(Effect::Update(id_of(state_dir)));
+        self.updates
+            .lock()
+            .unwrap()
+            .push((id_of(state_dir), resources.clone()));
         Ok(())
     }
 
@@ -314,8 +325,16 @@ impl ContainerHost for FakeContainerHost {
         Ok(())
     }
 
-    fn read_spec(&self, _bundle: &Path) -> Value {
-        Value::Null
+    /// The spec the container was launched with (what the real host
+    /// keeps as `spec.json`).
+    fn read_spec(&self, bundle: &Path) -> Value {
+        self.launches
+            .lock()
+            .unwrap()
+            .iter()
+            .rfind(|l| l.bundle == bundle)
+            .and_then(|l| serde_json::to_value(&l.spec).ok())
+            .unwrap_or(Value::Null)
     }
 }
 

@@ -28,13 +28,35 @@ pub const IMAGE_ID: &str =
 impl Rig {
     /// A fresh daemon on an empty node, with [`IMAGE`] pulled.
     pub async fn new() -> Rig {
+        Rig::fresh(None).await
+    }
+
+    /// [`Rig::new`] with NRI on, its socket in the rig's dir
+    /// ([`Rig::nri_socket`]) and `request_timeout` for plugins' answers.
+    pub async fn with_nri(request_timeout: std::time::Duration) -> Rig {
+        Rig::fresh(Some(request_timeout)).await
+    }
+
+    async fn fresh(nri: Option<std::time::Duration>) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::default();
         let pod_host = Arc::new(FakePodHost::new(journal.clone()));
         let container_host = Arc::new(FakeContainerHost::new(journal.clone()));
         let images = Arc::new(FakeImages::new(journal.clone()));
         images.add(IMAGE, IMAGE_ID);
-        Rig::open(dir, journal, pod_host, container_host, images).await
+        let nri = nri.map(|timeout| crust_nri::Config {
+            socket_path: dir.path().join("nri/nri.sock"),
+            plugin_path: dir.path().join("nri/plugins"),
+            plugin_config_path: dir.path().join("nri/conf.d"),
+            plugin_request_timeout: timeout,
+            ..crust_nri::Config::default()
+        });
+        Rig::open(dir, journal, pod_host, container_host, images, nri).await
+    }
+
+    /// Where NRI plugins connect (see [`Rig::with_nri`]).
+    pub fn nri_socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("nri/nri.sock")
     }
 
     /// The daemon restarts: everything in memory is gone, the store and
@@ -59,7 +81,7 @@ impl Rig {
         } = self;
         drop((lifecycle, containers, pods, store));
         while_down(&container_host);
-        Rig::open(dir, journal, pod_host, container_host, images).await
+        Rig::open(dir, journal, pod_host, container_host, images, None).await
     }
 
     async fn open(
@@ -68,6 +90,7 @@ impl Rig {
         pod_host: Arc<FakePodHost>,
         container_host: Arc<FakeContainerHost>,
         images: Arc<FakeImages>,
+        nri: Option<crust_nri::Config>,
     ) -> Rig {
         use crust_shim_protocol::RuntimeConfig;
         let store = Arc::new(crust_store::Store::open(&dir.path().join("meta.db")).unwrap());
@@ -118,8 +141,26 @@ impl Rig {
         let stats = Arc::new(crate::stats::CgroupStats::new(
             crust_linux::cgroups::Hierarchy::V1,
         ));
+        let nri = match nri {
+            Some(config) => crust_nri::Nri::start(
+                config,
+                crust_nri::RuntimeInfo {
+                    name: "crust".into(),
+                    version: "test".into(),
+                },
+                Arc::new(crate::lifecycle::NriBackend::new(&pods, &containers)),
+            )
+            .await
+            .unwrap(),
+            None => crust_nri::Nri::disabled(),
+        };
         Rig {
-            lifecycle: crate::lifecycle::Lifecycle::new(pods.clone(), containers.clone(), stats),
+            lifecycle: crate::lifecycle::Lifecycle::new(
+                pods.clone(),
+                containers.clone(),
+                stats,
+                nri,
+            ),
             dir,
             journal,
             pod_host,

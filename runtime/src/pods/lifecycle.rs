@@ -22,7 +22,16 @@ use crate::tasks::blocking;
 impl Pods {
     /// RunPodSandbox: sets the pod up and returns its ID. On any failure
     /// everything created is undone and the cause returned.
-    pub async fn run(&self, spec: PodSpec) -> Result<String, PodError> {
+    ///
+    /// `before_publish` sees the ready pod before it becomes visible (List,
+    /// Status) or takes containers (NRI plugins' RunPodSandbox); its error
+    /// fails the call like any other step. What it returns is kept until
+    /// the pod is visible, then dropped (a guard).
+    pub async fn run<G, F, Fut>(&self, spec: PodSpec, before_publish: F) -> Result<String, PodError>
+    where
+        F: FnOnce(PodRecord) -> Fut,
+        Fut: Future<Output = Result<G, PodError>>,
+    {
         let network = if spec.host_network {
             None
         } else {
@@ -111,6 +120,10 @@ impl Pods {
             rec.state = PodState::Creating;
             return Err(self.rollback(rec, e).await);
         }
+        let guard = match before_publish(rec.clone()).await {
+            Ok(g) => g,
+            Err(e) => return Err(self.rollback(rec, e).await),
+        };
         info!(
             id = %rec.id,
             name = %rec.metadata.name,
@@ -119,6 +132,7 @@ impl Pods {
             "pod sandbox ready"
         );
         self.publish(rec);
+        drop(guard);
         Ok(id)
     }
 
