@@ -161,10 +161,12 @@ impl Parser for ApparmorParser {
             .map(|mut stdin| stdin.write_all(policy.as_bytes()))
             .unwrap_or(Ok(()));
         let out = child.wait_with_output().map_err(run)?;
-        written.map_err(run)?;
         if out.status.success() {
-            return Ok(());
+            // A parser that succeeded without reading it all: say so.
+            return written.map_err(run);
         }
+        // A parser that failed early leaves a broken pipe: its own words
+        // say more.
         let cut = out.stderr.len().min(MAX_PARSER_OUTPUT);
         Err(Error::ParserFailed {
             status: out.status.to_string(),
