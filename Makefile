@@ -31,7 +31,7 @@ BENCH_ARGS ?=
 # reach it). hack/vm/README.md says what each costs.
 VM_SUITES ?= crust-cgroups:host crust-tests:foundation crust-tests:pods crust-tests:containers \
 	crust-tests:streaming crust-shim:e2e@cgroupfs crust-linux:pod_sandbox@cgroupfs \
-	crust-network:cni_plugins@cgroupfs
+	crust-network:cni_plugins@cgroupfs crust-tests:apparmor@cgroupfs
 TEST_LOG_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: run build release test test-host test-vm vm-shell bench bench-vs-containerd deps-run deps-test deps-vm deps-bench fmt lint critest clean

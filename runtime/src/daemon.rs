@@ -48,6 +48,8 @@ pub struct Daemon {
     pub lifecycle: Lifecycle,
     /// CPU and memory of pod and container cgroups.
     pub stats: Arc<CgroupStats>,
+    /// AppArmor on the node (Status reports it).
+    pub apparmor: crate::node::NodeAppArmor,
     /// Pod CIDRs from UpdateRuntimeConfig, for the default network config.
     pod_cidrs: RwLock<Vec<String>>,
     /// The exec / attach / port-forward server, set once at start (its
@@ -92,7 +94,9 @@ impl Daemon {
                 .context("opening the metadata store (is another crust daemon using this root?)")?,
         );
         let network = store.get::<NetworkSettings>("network")?.unwrap_or_default();
-        let facts = crate::node::runtime_facts(cgroup_hierarchy, systemd);
+        let apparmor = tokio::task::spawn_blocking(crate::node::NodeAppArmor::setup).await?;
+        let mut facts = crate::node::runtime_facts(cgroup_hierarchy, systemd);
+        facts.apparmor_default_profile = apparmor.default_profile();
         let handlers = Arc::new(Handlers::detect(&config).await);
         let launcher = Launcher::from_config(&config);
 
@@ -121,7 +125,13 @@ impl Daemon {
         let images = open_images(&config, &store).await?;
         let containers = Arc::new(Containers::new(
             store.clone(),
-            Arc::new(RealContainerHost::new(launcher, cgroup_hierarchy)),
+            Arc::new(RealContainerHost::new(
+                launcher,
+                cgroup_hierarchy,
+                crate::node::NodeHost {
+                    apparmor: apparmor.apparmor.clone(),
+                },
+            )),
             Arc::new(images.clone()),
             handlers.clone(),
             facts,
@@ -146,6 +156,7 @@ impl Daemon {
             pods,
             containers,
             stats,
+            apparmor,
             pod_cidrs: RwLock::new(network.pod_cidrs),
             streaming: std::sync::OnceLock::new(),
             _run_dir_lock: run_dir_lock,

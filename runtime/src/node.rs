@@ -1,21 +1,127 @@
 //! What the daemon knows of the node: the facts every spec needs, detected
-//! once at start, and the real-filesystem [`crust_oci::Host`] that spec
-//! generation looks paths and devices up through.
+//! once at start (AppArmor with them), and the real-filesystem
+//! [`crust_oci::Host`] that spec generation looks paths and devices up
+//! through.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use crust_apparmor::{AppArmor, ApparmorParser, Availability, KernelPaths, Loaded};
 use crust_oci::{Host, HostDevice, HostPropagation, RuntimeFacts};
 use oci_spec::runtime::{Capability, LinuxDeviceType};
+use tracing::{info, warn};
 
 /// Largest seccomp profile file read.
 const MAX_PROFILE: u64 = crust_oci::MAX_SECCOMP_PROFILE_BYTES as u64 + 1;
 
+/// AppArmor on this node, as found at start.
+pub struct NodeAppArmor {
+    pub availability: Availability,
+    /// Set when AppArmor is enabled.
+    pub apparmor: Option<Arc<AppArmor>>,
+}
+
+impl NodeAppArmor {
+    /// Detects AppArmor and, when it is on, loads crust's default profile
+    /// unless it is loaded. A failed load is logged, not fatal: Localhost
+    /// profiles still work, and each container that needs the default
+    /// tries again and fails with the reason (as containerd does).
+    pub fn setup() -> NodeAppArmor {
+        let paths = KernelPaths::default();
+        let availability = crust_apparmor::detect(&paths);
+        let Availability::Enabled = availability else {
+            if let Availability::Disabled(why) = &availability {
+                info!("AppArmor: not used ({why})");
+            }
+            return NodeAppArmor {
+                availability,
+                apparmor: None,
+            };
+        };
+        let parser: Box<dyn crust_apparmor::Parser> = match ApparmorParser::find() {
+            Ok(p) => Box::new(p),
+            Err(e) => Box::new(MissingParser(e.to_string())),
+        };
+        let abi = crust_apparmor::node_abi(Path::new(crust_apparmor::POLICY_DIR));
+        let apparmor = Arc::new(AppArmor::new(paths, parser, abi));
+        match apparmor.ensure_default() {
+            Ok(Loaded::Now) => info!(
+                profile = apparmor.default_name(),
+                "AppArmor: loaded the default profile"
+            ),
+            Ok(Loaded::Already) => info!(
+                profile = apparmor.default_name(),
+                "AppArmor: the default profile is loaded"
+            ),
+            Err(e) => warn!(
+                profile = apparmor.default_name(),
+                "AppArmor: cannot load the default profile: {e}"
+            ),
+        }
+        NodeAppArmor {
+            availability,
+            apparmor: Some(apparmor),
+        }
+    }
+
+    /// What RuntimeFacts::apparmor_default_profile says.
+    pub fn default_profile(&self) -> Option<String> {
+        self.apparmor.as_ref().map(|a| a.default_name().to_string())
+    }
+
+    /// Status' `info["apparmor"]`.
+    pub fn status_info(&self) -> serde_json::Value {
+        match (&self.availability, &self.apparmor) {
+            (Availability::Enabled, Some(a)) => {
+                let loaded = a.is_loaded(a.default_name());
+                serde_json::json!({
+                    "enabled": true,
+                    "defaultProfile": a.default_name(),
+                    "defaultProfileLoaded": loaded.as_ref().is_ok_and(|l| *l),
+                    "error": loaded.err().map(|e| e.to_string()),
+                })
+            }
+            (Availability::Disabled(why), _) => {
+                serde_json::json!({"enabled": false, "reason": why})
+            }
+            (Availability::Enabled, None) => serde_json::json!({"enabled": false}),
+        }
+    }
+}
+
+/// Stands in for apparmor_parser where none is installed: every load
+/// fails with the reason.
+struct MissingParser(String);
+
+impl crust_apparmor::Parser for MissingParser {
+    fn load(&self, _policy: &str) -> Result<(), crust_apparmor::Error> {
+        Err(crust_apparmor::Error::ParserFailed {
+            status: "not run".into(),
+            stderr: self.0.clone(),
+        })
+    }
+}
+
 /// The real filesystem, as spec generation looks it up.
-pub struct NodeHost;
+pub struct NodeHost {
+    /// Set when the node has AppArmor.
+    pub apparmor: Option<Arc<AppArmor>>,
+}
 
 impl Host for NodeHost {
+    fn apparmor_profile_loaded(&self, name: &str) -> io::Result<bool> {
+        let Some(aa) = &self.apparmor else {
+            return Err(io::Error::other("AppArmor is not enabled on this node"));
+        };
+        if name == aa.default_name() {
+            // Unloaded behind the daemon's back: load it again.
+            return aa.ensure_default().map(|_| true).map_err(io::Error::other);
+        }
+        aa.is_loaded(name).map_err(io::Error::other)
+    }
+
     fn resolve(&self, path: &Path) -> io::Result<PathBuf> {
         std::fs::canonicalize(path)
     }

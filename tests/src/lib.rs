@@ -374,7 +374,12 @@ impl Daemon {
     }
 
     async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // An emulated VM (TCG) starts a debug daemon far slower than a host.
+        let secs = std::env::var("CRUST_TEST_DAEMON_START_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20);
+        let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(

@@ -92,13 +92,15 @@ pub trait ContainerHost: Send + Sync + 'static {
 pub struct RealContainerHost {
     launcher: Launcher,
     hierarchy: Hierarchy,
+    node: NodeHost,
 }
 
 impl RealContainerHost {
-    pub fn new(launcher: Launcher, hierarchy: Hierarchy) -> RealContainerHost {
+    pub fn new(launcher: Launcher, hierarchy: Hierarchy, node: NodeHost) -> RealContainerHost {
         RealContainerHost {
             launcher,
             hierarchy,
+            node,
         }
     }
 }
@@ -146,7 +148,7 @@ impl ContainerHost for RealContainerHost {
     }
 
     fn spec_host(&self) -> &dyn crust_oci::Host {
-        &NodeHost
+        &self.node
     }
 
     async fn launch(&self, launch: Launch) -> Result<i32, ContainerError> {

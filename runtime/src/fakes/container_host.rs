@@ -373,6 +373,11 @@ impl Host for FakeSpecHost {
         Ok(Vec::new())
     }
 
+    fn apparmor_profile_loaded(&self, _name: &str) -> io::Result<bool> {
+        // RuntimeFacts of the fake node say "no AppArmor": never asked.
+        Err(io::Error::other("no AppArmor on the fake node"))
+    }
+
     fn read_seccomp_profile(&self, path: &Path) -> io::Result<String> {
         Err(io::Error::new(
             io::ErrorKind::NotFound,

@@ -48,6 +48,7 @@ impl RuntimeService for Cri {
                 json(serde_json::json!(d.cgroup_hierarchy)),
             );
             info.insert("podCIDRs".into(), json(serde_json::json!(d.pod_cidrs())));
+            info.insert("apparmor".into(), json(d.apparmor.status_info()));
         }
         Ok(Response::new(StatusResponse {
             status: Some(RuntimeStatus {
