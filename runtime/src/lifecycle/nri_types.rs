@@ -518,6 +518,7 @@ mod tests {
             state: ContainerState::Created,
             created_at: 1,
             started_at: 0,
+            start_requested_at: 0,
             finished_at: 0,
             exit_code: 0,
             reason: String::new(),
