@@ -8,13 +8,14 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
+use crust_cgroups::Hierarchy;
 use crust_image::ImageService;
-use crust_linux::cgroups::{self, Hierarchy};
 use crust_network::{Cni, DefaultNetwork};
 use crust_store::{Kind, Record, Store};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use crate::cgroups::NodeCgroups;
 use crate::config::{CgroupDriver, Config};
 use crate::containers::{self, Containers, RealContainerHost};
 use crate::handlers::Handlers;
@@ -68,27 +69,23 @@ impl Daemon {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
-        let cgroup_hierarchy = cgroups::detect(Path::new("/sys/fs/cgroup"))
-            .context("detecting the cgroup hierarchy")?;
         let systemd = config.cgroup_driver == CgroupDriver::Systemd;
-        if systemd && !cgroups::systemd_booted() {
-            anyhow::bail!(
-                "cgroup_driver = \"systemd\" but systemd is not the init system on this host"
-            );
-        }
+        let cgroups =
+            Arc::new(NodeCgroups::detect(systemd).context("detecting the cgroup hierarchies")?);
+        let cgroup_hierarchy = cgroups.hierarchy();
         let store = Arc::new(
             Store::open(&config.root.join("meta.db"))
                 .context("opening the metadata store (is another crust daemon using this root?)")?,
         );
         let network = store.get::<NetworkSettings>("network")?.unwrap_or_default();
-        let facts = crate::node::runtime_facts(cgroup_hierarchy, systemd);
+        let facts = crate::node::runtime_facts(cgroups.fs(), systemd);
         let handlers = Arc::new(Handlers::detect(&config).await);
         let launcher = Launcher::from_config(&config);
 
         let pod_host = RealPodHost::new(
             open_cni(&config, &network.pod_cidrs)?,
             config.network.cni_conf_dir.clone(),
-            cgroup_hierarchy,
+            cgroups.clone(),
             launcher.clone(),
             handlers.clone(),
             facts.clone(),
@@ -110,7 +107,7 @@ impl Daemon {
         let images = open_images(&config, &store).await?;
         let containers = Arc::new(Containers::new(
             store.clone(),
-            Arc::new(RealContainerHost::new(launcher, cgroup_hierarchy)),
+            Arc::new(RealContainerHost::new(launcher, cgroups.clone())),
             Arc::new(images.clone()),
             handlers.clone(),
             facts,
@@ -123,7 +120,7 @@ impl Daemon {
             .recover()
             .await
             .context("recovering containers")?;
-        let stats = Arc::new(CgroupStats::new(cgroup_hierarchy));
+        let stats = Arc::new(CgroupStats::new(Some(cgroups)));
         Ok(Daemon {
             lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone()),
             config,

@@ -30,12 +30,15 @@
 //! images.rs            what containers need of the image store (leases)
 //! index.rs             ID / unique-prefix index with name reservation
 //! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
+//! cgroups.rs           the node's cgroups (crust-cgroups): pod cgroups and
+//!                      slices, container cgroups and scopes, unified keys
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
 
 mod api_version;
+mod cgroups;
 mod cli;
 mod clock;
 mod config;
@@ -211,7 +214,7 @@ fn init_logging(config: &Config) {
     let filter = if config.log_level == LogLevel::Trace {
         level.to_string()
     } else {
-        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error")
+        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error,zbus=warn")
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crust_cgroups::Controllers;
+
 use super::{FakeContainerHost, FakeImages, FakePodHost, Journal};
 use crate::pods::PodError;
 
@@ -18,6 +20,10 @@ pub struct Rig {
     pub pods: Arc<crate::pods::Pods>,
     pub containers: Arc<crate::containers::Containers>,
     pub lifecycle: crate::lifecycle::Lifecycle,
+    /// The systemd cgroup driver (pods are slices, containers scopes).
+    pub systemd: bool,
+    /// A cgroup v2 node with these controllers (None: v1).
+    pub v2: Option<Controllers>,
 }
 
 /// The image every test container runs.
@@ -28,13 +34,21 @@ pub const IMAGE_ID: &str =
 impl Rig {
     /// A fresh daemon on an empty node, with [`IMAGE`] pulled.
     pub async fn new() -> Rig {
+        Rig::with(false, None).await
+    }
+
+    /// [`Rig::new`] with the systemd cgroup driver and, for a cgroup v2
+    /// node, its controllers.
+    pub async fn with(systemd: bool, v2: Option<Controllers>) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::default();
         let pod_host = Arc::new(FakePodHost::new(journal.clone()));
         let container_host = Arc::new(FakeContainerHost::new(journal.clone()));
         let images = Arc::new(FakeImages::new(journal.clone()));
         images.add(IMAGE, IMAGE_ID);
-        Rig::open(dir, journal, pod_host, container_host, images).await
+        pod_host.set_controllers(v2);
+        container_host.set_controllers(v2);
+        Rig::open(dir, journal, pod_host, container_host, images, systemd, v2).await
     }
 
     /// The daemon restarts: everything in memory is gone, the store and
@@ -56,10 +70,12 @@ impl Rig {
             pods,
             containers,
             lifecycle,
+            systemd,
+            v2,
         } = self;
         drop((lifecycle, containers, pods, store));
         while_down(&container_host);
-        Rig::open(dir, journal, pod_host, container_host, images).await
+        Rig::open(dir, journal, pod_host, container_host, images, systemd, v2).await
     }
 
     async fn open(
@@ -68,6 +84,8 @@ impl Rig {
         pod_host: Arc<FakePodHost>,
         container_host: Arc<FakeContainerHost>,
         images: Arc<FakeImages>,
+        systemd: bool,
+        v2: Option<Controllers>,
     ) -> Rig {
         use crust_shim_protocol::RuntimeConfig;
         let store = Arc::new(crust_store::Store::open(&dir.path().join("meta.db")).unwrap());
@@ -75,7 +93,7 @@ impl Rig {
         let pods = Arc::new(crate::pods::Pods::new(
             root.join("run/pods"),
             root.join("root/pods"),
-            false,
+            systemd,
             store.clone(),
             pod_host.clone(),
         ));
@@ -86,7 +104,7 @@ impl Rig {
                     String::new(),
                     RuntimeConfig::Embedded {
                         root: root.join("run/runtimes/default"),
-                        systemd_cgroup: false,
+                        systemd_cgroup: systemd,
                     },
                 ),
                 (
@@ -94,7 +112,7 @@ impl Rig {
                     RuntimeConfig::Cli {
                         path: "/usr/bin/runc".into(),
                         root: root.join("run/runtimes/runc"),
-                        systemd_cgroup: false,
+                        systemd_cgroup: systemd,
                     },
                 ),
             ]),
@@ -106,7 +124,12 @@ impl Rig {
             images.clone(),
             Arc::new(handlers),
             crust_oci::RuntimeFacts {
-                cgroup_v2: false,
+                cgroup_v2: v2.is_some(),
+                cgroup_driver: if systemd {
+                    crust_oci::CgroupDriver::Systemd
+                } else {
+                    crust_oci::CgroupDriver::Cgroupfs
+                },
                 ..Default::default()
             },
             crate::containers::Dirs {
@@ -115,9 +138,7 @@ impl Rig {
             },
         ));
         containers.recover().await.unwrap();
-        let stats = Arc::new(crate::stats::CgroupStats::new(
-            crust_linux::cgroups::Hierarchy::V1,
-        ));
+        let stats = Arc::new(crate::stats::CgroupStats::new(None));
         Rig {
             lifecycle: crate::lifecycle::Lifecycle::new(pods.clone(), containers.clone(), stats),
             dir,
@@ -128,6 +149,8 @@ impl Rig {
             store,
             pods,
             containers,
+            systemd,
+            v2,
         }
     }
 
