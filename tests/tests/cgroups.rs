@@ -466,21 +466,21 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
 
     // Stats come from that cgroup, and move.
     let first = e.stats(&id).await;
-    let cpu = first.cpu.clone().expect("cpu stats");
+    let cpu = first.cpu.expect("cpu stats");
     assert!(cpu.timestamp > 0, "{first:?}");
-    let mem = first.memory.clone().expect("memory stats");
+    let mem = first.memory.expect("memory stats");
     assert!(mem.working_set_bytes.unwrap().value > 0, "{first:?}");
     let used = |s: &v1::ContainerStats| {
         s.cpu
             .as_ref()
-            .and_then(|c| c.usage_core_nano_seconds.clone())
+            .and_then(|c| c.usage_core_nano_seconds)
             .unwrap()
             .value
     };
     let usage = |s: &v1::ContainerStats| {
         s.memory
             .as_ref()
-            .and_then(|m| m.usage_bytes.clone())
+            .and_then(|m| m.usage_bytes)
             .unwrap()
             .value
     };
