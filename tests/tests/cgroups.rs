@@ -477,13 +477,8 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
             .unwrap()
             .value
     };
-    let usage = |s: &v1::ContainerStats| {
-        s.memory
-            .as_ref()
-            .and_then(|m| m.usage_bytes)
-            .unwrap()
-            .value
-    };
+    let usage =
+        |s: &v1::ContainerStats| s.memory.as_ref().and_then(|m| m.usage_bytes).unwrap().value;
     assert_eq!(
         e.sh(&id, "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done")
             .await,
