@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
+use crust_cgroups::Hierarchy;
 use crust_image::ImageService;
-use crust_linux::cgroups::{self, Hierarchy};
 use crust_network::{Cni, DefaultNetwork};
 use crust_nri::{Nri, RuntimeInfo};
 use crust_store::{Kind, Record, Store};
@@ -20,6 +20,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use crate::cgroups::NodeCgroups;
 use crate::config::{CgroupDriver, Config};
 use crate::containers::{self, Containers, RealContainerHost};
 use crate::handlers::Handlers;
@@ -81,21 +82,17 @@ impl Daemon {
             create_private_dir(dir)?;
         }
         let run_dir_lock = lock_run_dir(&config.run_dir)?;
-        let cgroup_hierarchy = cgroups::detect(Path::new("/sys/fs/cgroup"))
-            .context("detecting the cgroup hierarchy")?;
         let systemd = config.cgroup_driver == CgroupDriver::Systemd;
-        if systemd && !cgroups::systemd_booted() {
-            anyhow::bail!(
-                "cgroup_driver = \"systemd\" but systemd is not the init system on this host"
-            );
-        }
+        let cgroups =
+            Arc::new(NodeCgroups::detect(systemd).context("detecting the cgroup hierarchies")?);
+        let cgroup_hierarchy = cgroups.hierarchy();
         let store = Arc::new(
             Store::open(&config.root.join("meta.db"))
                 .context("opening the metadata store (is another crust daemon using this root?)")?,
         );
         let network = store.get::<NetworkSettings>("network")?.unwrap_or_default();
         let apparmor = tokio::task::spawn_blocking(crate::node::NodeAppArmor::setup).await?;
-        let mut facts = crate::node::runtime_facts(cgroup_hierarchy, systemd);
+        let mut facts = crate::node::runtime_facts(cgroups.fs(), systemd);
         facts.apparmor_default_profile = apparmor.default_profile();
         let handlers = Arc::new(Handlers::detect(&config).await);
         let launcher = Launcher::from_config(&config);
@@ -103,7 +100,7 @@ impl Daemon {
         let pod_host = RealPodHost::new(
             open_cni(&config, &network.pod_cidrs)?,
             config.network.cni_conf_dir.clone(),
-            cgroup_hierarchy,
+            cgroups.clone(),
             launcher.clone(),
             handlers.clone(),
             facts.clone(),
@@ -127,7 +124,7 @@ impl Daemon {
             store.clone(),
             Arc::new(RealContainerHost::new(
                 launcher,
-                cgroup_hierarchy,
+                cgroups.clone(),
                 crate::node::NodeHost {
                     apparmor: apparmor.apparmor.clone(),
                 },
@@ -144,7 +141,7 @@ impl Daemon {
             .recover()
             .await
             .context("recovering containers")?;
-        let stats = Arc::new(CgroupStats::new(cgroup_hierarchy));
+        let stats = Arc::new(CgroupStats::new(Some(cgroups)));
         let nri = start_nri(&config, &pods, &containers).await?;
         Ok(Daemon {
             lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone(), nri),

@@ -30,6 +30,8 @@
 //! images.rs            what containers need of the image store (leases)
 //! index.rs             ID / unique-prefix index with name reservation
 //! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
+//! cgroups.rs           the node's cgroups (crust-cgroups): pod cgroups and
+//!                      slices, container cgroups and scopes, unified keys
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
 //! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
@@ -38,6 +40,7 @@
 //! ```
 
 mod api_version;
+mod cgroups;
 mod cli;
 mod clock;
 mod config;
@@ -219,7 +222,7 @@ fn init_logging(config: &Config) {
     let filter = if config.log_level == LogLevel::Trace {
         level.to_string()
     } else {
-        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error")
+        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error,zbus=warn")
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))

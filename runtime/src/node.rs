@@ -320,36 +320,21 @@ pub fn bounding_set() -> Option<Vec<Capability>> {
 }
 
 /// Node facts for every spec, detected once at start.
-pub fn runtime_facts(hierarchy: crust_linux::cgroups::Hierarchy, systemd: bool) -> RuntimeFacts {
-    let v2 = hierarchy.is_unified();
-    let cg = Path::new("/sys/fs/cgroup");
+pub fn runtime_facts(cgroups: &crust_cgroups::CgroupFs, systemd: bool) -> RuntimeFacts {
     let min_oom = std::fs::read_to_string("/proc/self/oom_score_adj")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
-    let (swap, hugetlb) = if v2 {
-        let controllers =
-            std::fs::read_to_string(cg.join("cgroup.controllers")).unwrap_or_default();
-        (
-            controllers.contains("memory") && swap_v2(cg),
-            controllers.split_whitespace().any(|c| c == "hugetlb"),
-        )
-    } else {
-        (
-            cg.join("memory/memory.memsw.limit_in_bytes").exists(),
-            cg.join("hugetlb").exists(),
-        )
-    };
     RuntimeFacts {
-        cgroup_v2: v2,
+        cgroup_v2: cgroups.hierarchy().is_unified(),
         cgroup_driver: if systemd {
             crust_oci::CgroupDriver::Systemd
         } else {
             crust_oci::CgroupDriver::Cgroupfs
         },
         min_oom_score_adj: min_oom,
-        swap_available: swap,
-        hugetlb_available: hugetlb,
+        swap_available: cgroups.swap_accounting(),
+        hugetlb_available: cgroups.has_controller(crust_cgroups::Controller::Hugetlb),
         // Per handler: set at CreateContainer from its features.
         rro_supported: false,
         node_hostname: nix::unistd::gethostname()
@@ -358,12 +343,4 @@ pub fn runtime_facts(hierarchy: crust_linux::cgroups::Hierarchy, systemd: bool) 
         all_capabilities: bounding_set(),
         ..RuntimeFacts::default()
     }
-}
-
-fn swap_v2(cg: &Path) -> bool {
-    // The root cgroup has no memory.swap.max: look at any child.
-    std::fs::read_dir(cg).is_ok_and(|rd| {
-        rd.flatten()
-            .any(|e| e.path().join("memory.swap.max").exists())
-    })
 }

@@ -52,6 +52,7 @@ impl Containers {
                 pod.id
             )));
         }
+        self.check_create_unified(&pod, &config)?;
         let image_name = validate::image_name(&config)?;
         let image = self
             .images
@@ -123,6 +124,7 @@ impl Containers {
             stop_signal: libc::SIGTERM,
             pid: 0,
             start_requested_at: 0,
+            cgroups_path: None,
         };
         if let Err(e) = self.store_put(&rec).await {
             self.index.release(&key);
@@ -209,6 +211,13 @@ impl Containers {
         {
             p.set_oom_score_adj(Some(min_oom));
         }
+        rec.cgroups_path = built
+            .spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().as_ref())
+            .map(|p| p.display().to_string());
+        // The spec is final from here on (NRI adjustments included).
         let pid = self
             .host
             .launch(Launch {
@@ -229,6 +238,28 @@ impl Containers {
         rec.stop_signal = built.stop_signal;
         rec.pid = pid;
         Ok(())
+    }
+
+    /// A new container's `unified` keys name only files of controllers
+    /// its pod's cgroup gives it.
+    fn check_create_unified(
+        &self,
+        pod: &PodView,
+        config: &ContainerConfig,
+    ) -> Result<(), ContainerError> {
+        let Some(res) = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .filter(|r| !r.unified.is_empty())
+        else {
+            return Ok(());
+        };
+        let pod_cgroup = crate::cgroups::pod_cgroup_of_parent(&pod.facts.cgroup_parent)
+            .map_err(|e| ContainerError::Internal(format!("the pod's cgroup: {e}")))?;
+        let controllers = self.host.unified_controllers(&pod_cgroup)?;
+        crate::cgroups::check_unified("config.linux.resources.unified", &res.unified, controllers)
+            .map_err(ContainerError::InvalidArgument)
     }
 
     /// pid mode TARGET: the PID namespace of another running container of
@@ -538,6 +569,17 @@ impl Containers {
                 "container {} is not running",
                 rec.id
             )));
+        }
+        if !res.unified.is_empty() {
+            let cg = self.host.container_cgroup(&rec).ok_or_else(|| {
+                ContainerError::FailedPrecondition(format!(
+                    "container {}: its cgroup is unknown",
+                    rec.id
+                ))
+            })?;
+            let controllers = self.host.unified_controllers(cg.path())?;
+            crate::cgroups::check_unified("linux.unified", &res.unified, controllers)
+                .map_err(ContainerError::InvalidArgument)?;
         }
         let oci = spec::update_resources(&res, &self.facts)?;
         self.host.update(&rec.state_dir, &oci).await?;

@@ -156,6 +156,11 @@ impl Containers {
         Ok(self.refresh(&e))
     }
 
+    /// The container's cgroup (where its stats are), if it has one.
+    pub fn cgroup_of(&self, rec: &ContainerRecord) -> Option<crate::cgroups::ContainerCgroup> {
+        self.host.container_cgroup(rec)
+    }
+
     /// Every container but those being created: an in-memory read. The
     /// record of a created or running container is kept current by its
     /// watcher, which waits on the monitor (see `recovery`).

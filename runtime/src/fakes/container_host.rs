@@ -6,12 +6,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use crust_cgroups::{CgroupPath, Controllers};
 use crust_oci::{Host, HostDevice, HostPropagation};
 use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, Status};
 use serde_json::Value;
 use tokio::sync::Notify;
 
 use super::{Effect, Failures, Journal, Op, id_of, injected};
+use crate::cgroups::ContainerCgroup;
 use crate::containers::{ContainerError, ContainerHost, ContainerRecord};
 use crate::launch::Launch;
 
@@ -64,6 +66,10 @@ pub struct FakeContainerHost {
     /// Every resource update: (container ID, OCI resources).
     updates: Mutex<Vec<(String, Value)>>,
     next_pid: Mutex<i32>,
+    /// What `unified_controllers` answers (None: a cgroup v1 node), and
+    /// the cgroups it was asked about.
+    controllers: Mutex<Option<Controllers>>,
+    controllers_asked: Mutex<Vec<CgroupPath>>,
 }
 
 impl FakeContainerHost {
@@ -78,7 +84,19 @@ impl FakeContainerHost {
             launches: Mutex::new(Vec::new()),
             updates: Mutex::new(Vec::new()),
             next_pid: Mutex::new(1000),
+            controllers: Mutex::default(),
+            controllers_asked: Mutex::default(),
         }
+    }
+
+    /// The node is cgroup v2 with these controllers (None: v1).
+    pub fn set_controllers(&self, c: Option<Controllers>) {
+        *self.controllers.lock().unwrap() = c;
+    }
+
+    /// The cgroups whose controllers the daemon asked for.
+    pub fn controllers_asked(&self) -> Vec<CgroupPath> {
+        self.controllers_asked.lock().unwrap().clone()
     }
 
     pub fn node(&self) -> ContainerNode {
@@ -308,6 +326,18 @@ impl ContainerHost for FakeContainerHost {
 
     fn kill_orphan(&self, rec: &ContainerRecord) {
         self.journal.push(Effect::KillOrphan(rec.id.clone()));
+    }
+
+    fn container_cgroup(&self, rec: &ContainerRecord) -> Option<ContainerCgroup> {
+        ContainerCgroup::parse(rec.cgroups_path.as_deref()?).ok()
+    }
+
+    fn unified_controllers(
+        &self,
+        path: &CgroupPath,
+    ) -> Result<Option<Controllers>, ContainerError> {
+        self.controllers_asked.lock().unwrap().push(path.clone());
+        Ok(*self.controllers.lock().unwrap())
     }
 
     fn delete_runtime_state(&self, rec: &ContainerRecord) {

@@ -519,6 +519,7 @@ mod tests {
             created_at: 1,
             started_at: 0,
             start_requested_at: 0,
+            cgroups_path: None,
             finished_at: 0,
             exit_code: 0,
             reason: String::new(),

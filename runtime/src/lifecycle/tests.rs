@@ -694,3 +694,220 @@ mod nri_plugins {
         );
     }
 }
+fn with_parent(name: &str, parent: &str) -> crate::pods::PodSpec {
+    crate::fakes::pod_spec(name, |c| {
+        c.linux.as_mut().unwrap().cgroup_parent = parent.into();
+    })
+}
+
+#[tokio::test]
+async fn systemd_pods_are_slices_and_their_containers_scopes() {
+    let rig = Rig::with(true, None).await;
+    let slice = "kubepods-burstable-poduid1.slice";
+    let slice_path = std::path::Path::new(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poduid1.slice",
+    );
+    rig.pod_host.add_kubelet_cgroup(slice_path);
+    let pod = rig
+        .lifecycle
+        .run_pod(with_parent("web", slice))
+        .await
+        .unwrap();
+    let rec = rig.pods.get(&pod).unwrap();
+    // The pod is kubelet's slice itself, not a directory inside it.
+    assert_eq!(rec.cgroup_path, slice_path);
+    let s = rec.slice.clone().unwrap();
+    assert_eq!((s.name.as_str(), s.owned), (slice, false));
+    assert_eq!(rig.pods.oci_facts(&rec).cgroup_parent, slice);
+
+    let id = rig
+        .lifecycle
+        .create_container(&pod, Some(container_config("a", |_| {})))
+        .await
+        .unwrap();
+    let c = rig.containers.get(&id).unwrap();
+    assert_eq!(
+        c.cgroups_path.as_deref(),
+        Some(format!("{slice}:crust:{id}").as_str())
+    );
+    // Stats and the orphan cleanup look in the scope.
+    let cg = rig.containers.cgroup_of(&c).unwrap();
+    assert_eq!(
+        cg,
+        crate::cgroups::ContainerCgroup::Scope {
+            unit: format!("crust-{id}.scope"),
+            path: crust_cgroups::CgroupPath::from_path(slice_path)
+                .unwrap()
+                .join(&format!("crust-{id}.scope"))
+                .unwrap(),
+        }
+    );
+
+    rig.lifecycle.remove_pod(&pod).await.unwrap();
+    assert!(
+        rig.journal
+            .effects()
+            .contains(&Effect::DeleteCgroup(slice_path.into()))
+    );
+    // kubelet's slice is kubelet's to remove.
+    assert!(rig.pod_host.kubelet_cgroups().contains(slice_path));
+    assert!(rig.pod_host.node().is_empty(), "{:?}", rig.pod_host.node());
+}
+
+#[tokio::test]
+async fn a_systemd_pod_without_a_parent_gets_a_slice_of_its_own() {
+    let rig = Rig::with(true, None).await;
+    let pod = rig.run_pod("web").await.unwrap();
+    let rec = rig.pods.get(&pod).unwrap();
+    let name = format!("crust-pod{pod}.slice");
+    assert_eq!(
+        rec.cgroup_path,
+        std::path::PathBuf::from(format!("/crust.slice/{name}"))
+    );
+    assert_eq!(rec.slice.clone().unwrap().name, name);
+    assert!(rec.slice.clone().unwrap().owned);
+    assert!(rig.pod_host.node().cgroups.contains(&rec.cgroup_path));
+    // A restart keeps the slice in the record.
+    let rig = rig.restart().await;
+    assert_eq!(rig.pods.get(&pod).unwrap().slice, rec.slice);
+    rig.lifecycle.remove_pod(&pod).await.unwrap();
+    assert!(rig.pod_host.node().is_empty(), "{:?}", rig.pod_host.node());
+}
+
+#[tokio::test]
+async fn a_parent_in_the_other_drivers_spelling_is_refused() {
+    for (systemd, parent) in [(false, "kubepods-pod1.slice"), (true, "/kubepods/pod1")] {
+        let rig = Rig::with(systemd, None).await;
+        let err = rig
+            .lifecycle
+            .run_pod(with_parent("web", parent))
+            .await
+            .unwrap_err();
+        let crate::pods::PodError::InvalidArgument(m) = err else {
+            panic!("{err:?}");
+        };
+        assert!(m.starts_with("config.linux.cgroup_parent: "), "{m}");
+        // It names the parent (or its last part, the slice it would be).
+        assert!(m.contains("pod1"), "{m}");
+        assert!(
+            rig.journal.effects().is_empty(),
+            "{:?}",
+            rig.journal.effects()
+        );
+        // The name is free again.
+        rig.run_pod("web").await.unwrap();
+    }
+}
+
+fn unified(key: &str) -> crust_api::v1::LinuxContainerResources {
+    crust_api::v1::LinuxContainerResources {
+        unified: [(key.to_string(), "1000000".to_string())].into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn unified_keys_of_a_pod_are_checked_before_anything_is_made() {
+    let controllers = crust_cgroups::Controllers::parse("cpu memory pids");
+    let rig = Rig::with(false, Some(controllers)).await;
+    for (key, field) in [
+        ("cgroup.procs", "config.linux.resources.unified"),
+        ("io.max", "config.linux.resources.unified"),
+        ("../memory.max", "config.linux.overhead.unified"),
+    ] {
+        let spec = crate::fakes::pod_spec("web", |c| {
+            let linux = c.linux.as_mut().unwrap();
+            if field.contains("overhead") {
+                linux.overhead = Some(unified(key));
+            } else {
+                linux.resources = Some(unified(key));
+            }
+        });
+        let err = rig.lifecycle.run_pod(spec).await.unwrap_err();
+        let crate::pods::PodError::InvalidArgument(m) = err else {
+            panic!("{err:?}");
+        };
+        assert!(m.starts_with(field), "{m}");
+        assert!(m.contains(key), "{m}");
+    }
+    assert!(
+        rig.journal.effects().is_empty(),
+        "{:?}",
+        rig.journal.effects()
+    );
+    let ok = crate::fakes::pod_spec("web", |c| {
+        c.linux.as_mut().unwrap().resources = Some(unified("memory.high"));
+    });
+    rig.lifecycle.run_pod(ok).await.unwrap();
+
+    // A v1 node has no unified keys at all.
+    let rig = Rig::new().await;
+    let spec = crate::fakes::pod_spec("web", |c| {
+        c.linux.as_mut().unwrap().resources = Some(unified("memory.high"));
+    });
+    let err = rig.lifecycle.run_pod(spec).await.unwrap_err();
+    assert!(err.to_string().contains("needs cgroup v2"), "{err}");
+}
+
+#[tokio::test]
+async fn unified_keys_of_a_container_are_checked_at_create_and_update() {
+    let controllers = crust_cgroups::Controllers::parse("cpu memory pids");
+    let rig = Rig::with(false, Some(controllers)).await;
+    let pod = rig.run_pod("web").await.unwrap();
+    let pod_cgroup = rig.pods.get(&pod).unwrap().cgroup_path;
+    for key in ["cgroup.procs", "io.max", "memory/../../x", "memory.max/x"] {
+        let config = container_config("a", |c| {
+            c.linux.as_mut().unwrap().resources = Some(unified(key));
+        });
+        let err = rig
+            .lifecycle
+            .create_container(&pod, Some(config))
+            .await
+            .unwrap_err();
+        let crate::containers::ContainerError::InvalidArgument(m) = err else {
+            panic!("{err:?}");
+        };
+        assert!(m.starts_with("config.linux.resources.unified: "), "{m}");
+        assert!(m.contains(key), "{m}");
+    }
+    assert_eq!(rig.journal.count(|e| matches!(e, Effect::Launch(_))), 0);
+    // Checked against what the pod's cgroup gives its children.
+    let asked = rig.container_host.controllers_asked();
+    assert!(
+        asked
+            .iter()
+            .all(|p| p.as_str() == pod_cgroup.to_str().unwrap())
+    );
+
+    let config = container_config("a", |c| {
+        c.linux.as_mut().unwrap().resources = Some(unified("memory.high"));
+    });
+    let id = rig
+        .lifecycle
+        .create_container(&pod, Some(config))
+        .await
+        .unwrap();
+    rig.lifecycle.start_container(&id).await.unwrap();
+    let err = rig
+        .lifecycle
+        .update_container(&id, Some(unified("cgroup.kill")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, crate::containers::ContainerError::InvalidArgument(m)
+            if m.starts_with("linux.unified: ") && m.contains("cgroup.kill")),
+        "{err:?}"
+    );
+    assert_eq!(rig.journal.count(|e| matches!(e, Effect::Update(_))), 0);
+    rig.lifecycle
+        .update_container(&id, Some(unified("memory.oom.group")))
+        .await
+        .unwrap();
+    assert_eq!(rig.journal.count(|e| matches!(e, Effect::Update(_))), 1);
+    // The update is checked against the container's own cgroup.
+    let last = rig.container_host.controllers_asked().pop().unwrap();
+    assert_eq!(
+        last.as_str(),
+        format!("{}/crust-{id}", pod_cgroup.display())
+    );
+}

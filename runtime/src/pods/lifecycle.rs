@@ -6,7 +6,6 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use crust_linux::cgroups;
 use crust_linux::ns::{self, NamespaceKind, PinOptions};
 use crust_network::config::NetworkConfigList;
 use crust_network::{Attachment, DEFAULT_IFNAME, RuntimeCapabilities};
@@ -237,8 +236,17 @@ impl Pods {
             // containerd: a host-network pod has the node's hostname.
             uts: pin(!spec.host_network, NamespaceKind::Uts),
         };
-        let cgroup_path = cgroups::pod_cgroup_path(&spec.cgroup_parent, id)
-            .map_err(|e| PodError::linux("config.linux.cgroup_parent", e))?;
+        let driver = if self.systemd {
+            crust_cgroups::Driver::Systemd
+        } else {
+            crust_cgroups::Driver::Cgroupfs
+        };
+        let (cgroup_path, slice) = crate::cgroups::plan_pod(driver, &spec.cgroup_parent, id, |p| {
+            self.host.cgroup_exists(Path::new(p.as_str()))
+        })
+        .map_err(|e| PodError::cgroup("config.linux.cgroup_parent", e))?;
+        let cgroup_path = std::path::PathBuf::from(cgroup_path.as_str());
+        self.check_unified(spec, &cgroup_path)?;
         let hostname = if spec.hostname.is_empty() {
             self.host.node_hostname()?
         } else {
@@ -296,6 +304,7 @@ impl Pods {
             host_pid: spec.host_pid,
             cgroup_parent: spec.cgroup_parent.clone(),
             cgroup_path,
+            slice,
             shm: (!spec.host_ipc).then(|| run_dir.join("shm")),
             hostname_path: state_dir.join("hostname"),
             hosts_path: state_dir.join("hosts"),
@@ -307,6 +316,26 @@ impl Pods {
             network,
             config: record::encode_config(&spec.config),
         })
+    }
+
+    /// The pod's `unified` resources (kubelet's pod-level resources and
+    /// overhead) name only files of controllers the pod cgroup has.
+    fn check_unified(&self, spec: &PodSpec, cgroup: &Path) -> Result<(), PodError> {
+        let Some(linux) = spec.config.linux.as_ref() else {
+            return Ok(());
+        };
+        for (field, res) in [
+            ("config.linux.resources.unified", &linux.resources),
+            ("config.linux.overhead.unified", &linux.overhead),
+        ] {
+            let Some(res) = res.as_ref().filter(|r| !r.unified.is_empty()) else {
+                continue;
+            };
+            let controllers = self.host.unified_controllers(cgroup)?;
+            crate::cgroups::check_unified(field, &res.unified, controllers)
+                .map_err(PodError::InvalidArgument)?;
+        }
+        Ok(())
     }
 
     /// Undoes a failed RunPodSandbox and returns its cause. When the
@@ -415,7 +444,7 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
         host.pin_namespaces(&rec.ns_dir, &opts)?;
         crash::point("pod.run.pinned");
     }
-    host.create_cgroup(&rec.cgroup_path)?;
+    host.create_cgroup(&rec.cgroup_path, rec.slice.as_ref())?;
     crash::point("pod.run.cgroup");
     if let Some(shm) = &rec.shm {
         host.mount_shm(shm)?;
@@ -466,7 +495,7 @@ fn teardown_files(host: &dyn PodHost, rec: &PodRecord, errors: &mut Vec<String>)
         errors.push(e.to_string());
     }
     crash::point("pod.teardown.shm");
-    if let Err(e) = host.delete_cgroup(&rec.cgroup_path) {
+    if let Err(e) = host.delete_cgroup(&rec.cgroup_path, rec.slice.as_ref()) {
         errors.push(e.to_string());
     }
     crash::point("pod.teardown.cgroup");

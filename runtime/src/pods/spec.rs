@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::path::{Component, Path};
 
 use crust_api::v1::{NamespaceMode, PodSandboxConfig, Protocol, RunPodSandboxRequest};
-use crust_linux::{cgroups, ns, sysctl};
+use crust_linux::{ns, sysctl};
 use crust_network::{Bandwidth, PortMapping};
 
 use super::error::PodError;
@@ -165,8 +165,10 @@ impl PodSpec {
                 .map_err(|e| PodError::invalid("config.hostname", e))?;
         }
 
-        cgroups::parse_cgroup_parent(&linux.cgroup_parent)
-            .map_err(|e| PodError::invalid("config.linux.cgroup_parent", e))?;
+        // Either driver's spelling here; `Pods::plan` checks it for the
+        // driver in use.
+        crust_cgroups::CgroupParent::parse_any(&linux.cgroup_parent)
+            .map_err(|e| PodError::cgroup("config.linux.cgroup_parent", e))?;
 
         if linux.sysctls.len() > MAX_SYSCTLS {
             return Err(PodError::invalid(
