@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the VM test bed's scripts (sourced, not run). See README.md,
 # "Tests in a VM".
 
