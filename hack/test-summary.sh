@@ -40,21 +40,34 @@ awk -v label="$label" -v pass="$pass" -v known_file="$known" '
   }
   /^ *Running / { sub(/^ *Running /, ""); start($0); next }
   /^ *Doc-tests / { sub(/^ *Doc-tests /, ""); start("doc-tests " $0); next }
-  /^SKIPPED: / {
-    rest = substr($0, 10)
-    i = index(rest, ": ")
-    name = i ? substr(rest, 1, i - 1) : rest
-    skipped[bin SUBSEP name] = i ? substr(rest, i + 2) : "(no reason given)"
-    next
-  }
-  /^test .* \.\.\. (ok|FAILED|ignored)/ {
-    line = substr($0, 6)
-    i = index(line, " ... ")
-    name = substr(line, 1, i - 1)
-    status = substr(line, i + 5)
-    result[bin SUBSEP name] = status
-    order[++ntests] = bin SUBSEP name
-    next
+  {
+    line = $0
+    # A skip line may land in the middle of a harness line that was
+    # written in two parts ("test x ... " then "ok"): take it out, and
+    # join the parts.
+    i = index(line, "SKIPPED: ")
+    if (i > 0) {
+      rest = substr(line, i + 9)
+      j = index(rest, ": ")
+      name = j ? substr(rest, 1, j - 1) : rest
+      skipped[bin SUBSEP name] = j ? substr(rest, j + 2) : "(no reason given)"
+      line = substr(line, 1, i - 1)
+    }
+    if (pending != "") {
+      if (line ~ /^(ok|FAILED|ignored)/) { line = pending line; pending = "" }
+      else if (line != "") pending = ""
+    }
+    if (line ~ /^test .* \.\.\. *$/) { pending = line; next }
+    if (line ~ /^test .* \.\.\. (ok|FAILED|ignored)/) {
+      line = substr(line, 6)
+      i = index(line, " ... ")
+      name = substr(line, 1, i - 1)
+      sub(/ +$/, "", name)
+      status = substr(line, i + 5)
+      result[bin SUBSEP name] = status
+      order[++ntests] = bin SUBSEP name
+      next
+    }
   }
   /^test result: / { done[bin] = 1; next }
   END {

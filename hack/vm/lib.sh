@@ -1,5 +1,6 @@
-# Shared by the VM test bed's scripts (sourced, not run). See README.md,
-# "Tests in a VM".
+# shellcheck shell=bash
+# Shared by the VM test bed's scripts (sourced, not run); see
+# hack/vm/README.md.
 
 VM_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$VM_SRC/../.." && pwd)

@@ -40,9 +40,24 @@ t0=$(vm_now)
 assets=$("$VM_SRC"/assets.sh)
 t_assets=$(vm_since "$t0")
 
-# The test executables: cargo builds what is missing or stale and names them.
+# The test executables: cargo builds what is missing or stale and names
+# them. One build of the whole workspace's tests, as make test's host part
+# does (so it costs nothing after it): building one package alone would
+# select other dependency features and rebuild those dependencies.
 t0=$(vm_now)
 $cargo build --bins -q
+executables=$($cargo test --workspace --no-run -q --message-format=json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print("\t".join([m["manifest_path"], m["target"]["name"], m["executable"]]))
+') || vm_die "cargo could not build the workspace's tests"
+packages=$($cargo metadata -q --no-deps --format-version 1 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    print(p["manifest_path"] + "\t" + p["name"])
+')
 declare -a suite_names=() suite_exes=() suite_dirs=() suite_passes=()
 for spec in "${specs[@]}"; do
   only=
@@ -50,19 +65,14 @@ for spec in "${specs[@]}"; do
   pkg=${spec%%:*}
   target=${spec#*:}
   [ -n "$pkg" ] && [ -n "$target" ] && [ "$pkg" != "$spec" ] || vm_die "bad suite $spec (want PACKAGE:TEST)"
-  line=$($cargo test --no-run -q --message-format=json -p "$pkg" --test "$target" |
-    python3 -c '
-import json, os, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
-        print(m["executable"] + "\t" + os.path.dirname(m["manifest_path"]))
-') || vm_die "cargo could not build $pkg:$target"
-  [ -n "$line" ] || vm_die "cargo built no test executable for $pkg:$target"
-  [[ "$line" != /tmp/* ]] || vm_die "$pkg:$target is built under /tmp, which the VM has its own of: use a CARGO_TARGET_DIR elsewhere"
+  manifest=$(awk -F'\t' -v p="$pkg" '$2 == p { print $1 }' <<< "$packages")
+  [ -n "$manifest" ] || vm_die "no package $pkg in the workspace"
+  exe=$(awk -F'\t' -v m="$manifest" -v t="$target" '$1 == m && $2 == t { print $3 }' <<< "$executables")
+  [ -n "$exe" ] || vm_die "cargo built no test executable $target of $pkg"
+  [[ "$exe" != /tmp/* ]] || vm_die "$pkg:$target is built under /tmp, which the VM has its own of: use a CARGO_TARGET_DIR elsewhere"
   suite_names+=("$pkg:$target")
-  suite_exes+=("${line%%$'\t'*}")
-  suite_dirs+=("${line#*$'\t'}")
+  suite_exes+=("$exe")
+  suite_dirs+=("$(dirname "$manifest")")
   suite_passes+=("$only")
 done
 t_build=$(vm_since "$t0")

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # One VM of the test bed: boot, run commands over ssh, tear down (sourced by
 # shell.sh and test.sh after lib.sh).
 #
