@@ -53,7 +53,8 @@ build: deps-build
 # Both parts run even when the first fails; the status is either's.
 test: deps-test deps-vm
 	$(CARGO) build --bins
-	@status=0; t=$$SECONDS; $(RUN_HOST_TESTS) || status=1; host=$$((SECONDS - t)); \
+	@status=0; t=$$SECONDS; $(RUN_HOST_TESTS) || status=1; \
+	$(RELEASE_MEMORY_TEST) || status=1; host=$$((SECONDS - t)); \
 	t=$$SECONDS; hack/vm/test.sh $(VM_TEST_SUITES) || status=1; \
 	echo "make test: host part $$host s, VM part $$((SECONDS - t)) s"; exit $$status
 
@@ -61,8 +62,7 @@ test: deps-test deps-vm
 # builds only: its test asserts it in a release run of its own.
 test-host: deps-test
 	$(CARGO) build --bins
-	@$(RUN_HOST_TESTS)
-	$(CARGO) test --release -p crust-shim --test e2e idle_memory -- --test-threads=1
+	@status=0; $(RUN_HOST_TESTS) || status=1; $(RELEASE_MEMORY_TEST) || status=1; exit $$status
 
 test-vm: deps-test deps-vm
 	hack/vm/test.sh $(VM_SUITES)
@@ -75,6 +75,8 @@ vm-shell: deps-vm
 RUN_HOST_TESTS = (mkdir -p $(TEST_LOG_DIR); \
 	$(CARGO) test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee $(TEST_LOG_DIR)/test-host.log; \
 	r=$${PIPESTATUS[0]}; hack/test-summary.sh host $(TEST_LOG_DIR)/test-host.log; exit $$r)
+
+RELEASE_MEMORY_TEST = $(CARGO) test --release -p crust-shim --test e2e idle_memory -- --test-threads=1
 
 bench: deps-bench
 	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench -p crust-nri
