@@ -58,7 +58,6 @@ mod lifecycle;
 mod monitor;
 mod node;
 mod pods;
-mod quote;
 mod server;
 mod services;
 mod stats;

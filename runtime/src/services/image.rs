@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use super::{Cri, ResponseStream, bounds};
 use crate::clock::now_ns;
-use crate::quote::quote;
+use crust_quote::quote;
 
 #[tonic::async_trait]
 impl ImageService for Cri {
