@@ -4,7 +4,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::cgroup::Cgroup;
@@ -217,7 +216,7 @@ pub struct CgroupFs {
 }
 
 /// A mount point and its open directory.
-type MountRoot = (PathBuf, Arc<OwnedFd>);
+type MountRoot = (PathBuf, Arc<crust_linux::fs::Dir>);
 
 impl PartialEq for CgroupFs {
     fn eq(&self, other: &Self) -> bool {
