@@ -532,16 +532,19 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
     };
     let err = e.update(&id, bad).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("cgroup.kill"), "{err}");
+    assert!(process_alive(pid), "a refused update killed the container");
+    let high = v1::LinuxContainerResources {
+        unified: unified(&[("memory.high", "81920000")]),
+        ..Default::default()
+    };
     if v2 {
-        assert!(err.message().contains("cgroup.kill"), "{err}");
-        assert!(process_alive(pid), "a refused update killed the container");
-        let high = v1::LinuxContainerResources {
-            unified: unified(&[("memory.high", "81920000")]),
-            ..Default::default()
-        };
         e.update(&id, high).await.unwrap();
         assert_eq!(read_cgroup_file(pid, "memory", "memory.high"), "81920000");
     } else {
+        // A well-formed key, but v1 has no unified files.
+        let err = e.update(&id, high).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
         assert!(err.message().contains("needs cgroup v2"), "{err}");
     }
 
