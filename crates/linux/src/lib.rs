@@ -10,6 +10,9 @@
 //! - `cgroups::PodCgroup` (feature `cgroups`) is the pod's cgroup under
 //!   kubelet's `cgroup_parent`.
 //! - [`sysctl`] decides which sysctls a pod may set.
+//! - [`netstats`] reads the interface counters inside pods' network
+//!   namespaces; [`procstats`] counts a cgroup's processes, threads and
+//!   open files (stats and metrics).
 //! - [`mounts`] holds the pod's shared `/dev/shm` and containers' overlays;
 //!   [`mountinfo`] reads the mount table.
 //!
@@ -28,7 +31,9 @@ mod error;
 pub mod fs;
 pub mod mountinfo;
 pub mod mounts;
+pub mod netstats;
 pub mod ns;
+pub mod procstats;
 pub mod poll;
 pub mod process;
 pub mod sysctl;
