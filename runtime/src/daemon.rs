@@ -123,7 +123,7 @@ impl Daemon {
             .recover()
             .await
             .context("recovering containers")?;
-        let stats = Arc::new(CgroupStats::new(cgroup_hierarchy));
+        let stats = Arc::new(CgroupStats::new());
         Ok(Daemon {
             lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone()),
             config,

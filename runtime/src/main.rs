@@ -10,6 +10,7 @@
 //!   runtime.rs           RuntimeService dispatch, Version/Status/RuntimeConfig
 //!   pod.rs, container.rs pod sandbox and container RPCs
 //!   stats.rs, events.rs  stats RPCs, GetContainerEvents
+//!   metrics.rs           CRI metrics RPCs: cadvisor's names and labels
 //!   stream.rs            Exec/Attach/PortForward URLs
 //!   image.rs, admin.rs   ImageService, crust's admin API (over crust_image)
 //! lifecycle/           the one place that orders pod and container steps
@@ -31,6 +32,7 @@
 //! index.rs             ID / unique-prefix index with name reservation
 //! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
+//! metrics.rs           what the metrics RPCs read: cgroups, pod netns, layers
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
@@ -49,6 +51,7 @@ mod images;
 mod index;
 mod launch;
 mod lifecycle;
+mod metrics;
 mod monitor;
 mod node;
 mod pods;

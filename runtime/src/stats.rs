@@ -1,19 +1,18 @@
-//! What pods and containers use: CPU and memory of their cgroups (v1 or
-//! v2, through libcgroups, the CPU rate from the previous sample) and the
-//! disk use of containers' writable layers. Read for the stats RPCs (and,
-//! later, the metrics ones).
+//! What pods and containers use: CPU, memory and PSI of their cgroups
+//! (v1, hybrid or v2, read with crust-cgroups; the CPU rate from the
+//! previous sample) and the disk use of containers' writable layers. Read
+//! for the stats RPCs and the metrics RPCs.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-use crust_linux::cgroups::{Hierarchy, PodCgroup};
-
-/// Where cgroup hierarchies are mounted.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+use crust_cgroups::stats::PsiStats;
+use crust_cgroups::{CgroupFs, CgroupPath, Stats, StatsRequest};
+use tracing::warn;
 
 /// One reading of a cgroup.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Usage {
     /// Nanoseconds since the Unix epoch.
     pub timestamp: i64,
@@ -30,6 +29,9 @@ pub struct Usage {
     pub memory_rss_bytes: Option<u64>,
     pub page_faults: Option<u64>,
     pub major_page_faults: Option<u64>,
+    /// cpu/memory/io pressure where the kernel keeps it for this cgroup
+    /// (cgroup v2, or a hybrid host's cgroup2 side); None elsewhere.
+    pub psi: Option<PsiStats>,
 }
 
 /// The previous CPU sample of a cgroup.
@@ -40,59 +42,89 @@ struct CpuSample {
 }
 
 pub struct CgroupStats {
-    hierarchy: Hierarchy,
+    /// The host's cgroup mounts, found on first use (None if the mount
+    /// table cannot be read: stats are then absent, not wrong).
+    fs: OnceLock<Option<CgroupFs>>,
     /// By pod or container ID.
     samples: Mutex<HashMap<String, CpuSample>>,
 }
 
+impl Default for CgroupStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl CgroupStats {
-    pub fn new(hierarchy: Hierarchy) -> CgroupStats {
+    pub fn new() -> CgroupStats {
         CgroupStats {
-            hierarchy,
+            fs: OnceLock::new(),
             samples: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn cgroupfs(&self) -> Option<&CgroupFs> {
+        self.fs
+            .get_or_init(|| match CgroupFs::detect() {
+                Ok(fs) => Some(fs),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the cgroup mounts; no cgroup stats");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// The figures `want` asks for of the cgroup at `path` (a cgroupfs
+    /// path such as `/kubepods/crust-<id>`); None if it cannot be read
+    /// (gone, or never made). Blocking.
+    pub fn read(&self, path: &Path, want: StatsRequest, buf: &mut Vec<u8>) -> Option<Stats> {
+        let fs = self.cgroupfs()?;
+        let path = CgroupPath::from_path(path).ok()?;
+        fs.cgroup(path).stats_into(want, buf).ok()
     }
 
     /// Reads the cgroup at `path` (None if it cannot be read), sampled
     /// under `key` at `now`. Blocking.
     pub fn usage(&self, path: &Path, key: &str, now: i64) -> Option<Usage> {
-        let cg = PodCgroup::new(self.hierarchy, Path::new(CGROUP_ROOT), path).ok()?;
-        let st = cg.stats().ok()?;
-        let usage = st.cpu.usage.usage_total;
-        let nano_cores = self.sample(key, now, usage);
-        let m = &st.memory;
-        let stat = |k: &str| m.stats.get(k).copied();
-        let v2 = self.hierarchy.is_unified();
-        let usage_bytes = m.memory.usage;
-        let inactive = if v2 {
-            stat("inactive_file")
-        } else {
-            stat("total_inactive_file")
-        }
-        .unwrap_or(0);
-        let working_set = usage_bytes.saturating_sub(inactive);
-        let (rss, pgfault, pgmajfault) = if v2 {
-            (stat("anon"), stat("pgfault"), stat("pgmajfault"))
-        } else {
-            (
-                stat("total_rss"),
-                stat("total_pgfault"),
-                stat("total_pgmajfault"),
-            )
+        let want = StatsRequest {
+            psi: true,
+            ..StatsRequest::CPU_MEMORY
         };
-        let limit = m.memory.limit;
-        Some(Usage {
+        let st = self.read(path, want, &mut Vec::with_capacity(4096))?;
+        Some(self.usage_of(&st, key, now))
+    }
+
+    /// [`CgroupStats::usage`] of figures already read (with at least
+    /// CPU and memory), sampled under `key` at `now`.
+    pub fn usage_of(&self, st: &Stats, key: &str, now: i64) -> Usage {
+        let cpu_ns = st.cpu.map_or(0, |c| c.usage_ns);
+        let nano_cores = st.cpu.and_then(|_| self.sample(key, now, cpu_ns));
+        let m = st.memory.unwrap_or_default();
+        let has_memory = st.memory.is_some();
+        Usage {
             timestamp: now,
-            cpu_usage_ns: usage,
+            cpu_usage_ns: cpu_ns,
             cpu_nano_cores: nano_cores,
-            memory_usage_bytes: usage_bytes,
-            memory_working_set_bytes: working_set,
-            memory_available_bytes: (limit > 0 && limit < (1u64 << 62))
-                .then(|| limit.saturating_sub(working_set)),
-            memory_rss_bytes: rss,
-            page_faults: pgfault,
-            major_page_faults: pgmajfault,
-        })
+            memory_usage_bytes: m.usage,
+            memory_working_set_bytes: m.working_set,
+            memory_available_bytes: m.limit.map(|l| l.saturating_sub(m.working_set)),
+            memory_rss_bytes: has_memory.then_some(m.rss),
+            page_faults: has_memory.then_some(m.page_faults),
+            major_page_faults: has_memory.then_some(m.major_page_faults),
+            psi: st.psi,
+        }
+    }
+
+    /// The processes in the cgroup at `path` (none if unreadable).
+    pub fn pids(&self, path: &Path) -> Vec<i32> {
+        let Some(fs) = self.cgroupfs() else {
+            return Vec::new();
+        };
+        CgroupPath::from_path(path)
+            .ok()
+            .and_then(|p| fs.cgroup(p).pids().ok())
+            .unwrap_or_default()
     }
 
     /// Records CPU usage `usage_ns` of `key` at `now`; returns the rate
@@ -144,7 +176,7 @@ mod tests {
 
     #[test]
     fn the_cpu_rate_comes_from_the_previous_sample() {
-        let stats = CgroupStats::new(Hierarchy::V1);
+        let stats = CgroupStats::new();
         assert_eq!(stats.record_sample("c", 1_000_000_000, 5_000), None);
         // Half a CPU over two seconds.
         assert_eq!(

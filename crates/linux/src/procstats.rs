@@ -1,9 +1,8 @@
-//! What the processes of a cgroup hold: threads, open files and sockets,
+//! What a cgroup's processes hold: threads, open files and sockets,
 //! from `/proc/<pid>/`, for the process metrics (container_threads,
 //! container_file_descriptors, container_sockets) and ProcessUsage.
 //! Plain reads of procfs; a process that exits meanwhile is skipped.
 
-use std::path::Path;
 
 /// Totals over a set of processes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -12,13 +11,6 @@ pub struct ProcessCounts {
     pub threads: u64,
     pub file_descriptors: u64,
     pub sockets: u64,
-}
-
-/// The PIDs in a `cgroup.procs` file (of any hierarchy).
-pub fn cgroup_pids(procs_file: &Path) -> Vec<i32> {
-    std::fs::read_to_string(procs_file)
-        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 /// Counts threads (`/proc/<pid>/task` entries), open descriptors and the
@@ -62,10 +54,5 @@ mod tests {
         assert!(c.file_descriptors >= 4, "{c:?}");
         assert!(c.sockets >= 1, "{c:?}");
         drop(sock);
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("cgroup.procs");
-        std::fs::write(&f, format!("{me}\n12x\n\n7\n")).unwrap();
-        assert_eq!(cgroup_pids(&f), [me, 7]);
-        assert!(cgroup_pids(&dir.path().join("none")).is_empty());
     }
 }

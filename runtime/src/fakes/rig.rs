@@ -115,9 +115,7 @@ impl Rig {
             },
         ));
         containers.recover().await.unwrap();
-        let stats = Arc::new(crate::stats::CgroupStats::new(
-            crust_linux::cgroups::Hierarchy::V1,
-        ));
+        let stats = Arc::new(crate::stats::CgroupStats::new());
         Rig {
             lifecycle: crate::lifecycle::Lifecycle::new(pods.clone(), containers.clone(), stats),
             dir,

@@ -8,6 +8,7 @@ mod admin;
 mod container;
 mod events;
 mod image;
+mod metrics;
 mod pod;
 mod runtime;
 mod stats;
