@@ -91,7 +91,9 @@ pub fn sample(
         .map(|(pod, network)| {
             let containers = containers
                 .iter()
-                .filter(|c| c.pod_id == pod.id && c.state == crate::containers::ContainerState::Running)
+                .filter(|c| {
+                    c.pod_id == pod.id && c.state == crate::containers::ContainerState::Running
+                })
                 .map(|c| sample_container(cgroups, &pod, c.clone(), &mut buf))
                 .collect();
             PodSample {
@@ -182,7 +184,9 @@ mod tests {
     #[test]
     fn eth0_is_the_default_interface() {
         assert_eq!(
-            default_interface(&[iface("net1"), iface("eth0")]).unwrap().name,
+            default_interface(&[iface("net1"), iface("eth0")])
+                .unwrap()
+                .name,
             "eth0"
         );
         assert_eq!(default_interface(&[iface("net1")]).unwrap().name, "net1");

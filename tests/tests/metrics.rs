@@ -104,7 +104,12 @@ impl Env {
         (id, config)
     }
 
-    async fn run(&mut self, pod: &(String, v1::PodSandboxConfig), name: &str, cmd: &[&str]) -> String {
+    async fn run(
+        &mut self,
+        pod: &(String, v1::PodSandboxConfig),
+        name: &str,
+        cmd: &[&str],
+    ) -> String {
         let config = v1::ContainerConfig {
             metadata: Some(v1::ContainerMetadata {
                 name: name.into(),
@@ -197,7 +202,10 @@ fn samples(
             let keys = &descs[name];
             assert_eq!(keys.len(), m.label_values.len(), "{m:?}");
             (
-                keys.iter().cloned().zip(m.label_values.iter().cloned()).collect(),
+                keys.iter()
+                    .cloned()
+                    .zip(m.label_values.iter().cloned())
+                    .collect(),
                 m.value.unwrap().value,
             )
         })
@@ -245,18 +253,26 @@ async fn memory_and_cpu_of_a_busy_container() {
         .await;
     let idle = e.run(&pod, "idle", &["sleep", "1000"]).await;
 
-    let stats = wait_for("a 64 MiB working set", Duration::from_secs(60), async || {
-        let s = e.container_stats(&hog).await;
-        let ws = s.memory.as_ref()?.working_set_bytes?.value;
-        (ws >= 64 * MIB).then_some(s)
-    })
+    let stats = wait_for(
+        "a 64 MiB working set",
+        Duration::from_secs(60),
+        async || {
+            let s = e.container_stats(&hog).await;
+            let ws = s.memory.as_ref()?.working_set_bytes?.value;
+            (ws >= 64 * MIB).then_some(s)
+        },
+    )
     .await;
     let cpu0 = stats.cpu.unwrap().usage_core_nano_seconds.unwrap().value;
-    wait_for("the CPU counter to grow", Duration::from_secs(30), async || {
-        let s = e.container_stats(&hog).await;
-        let cpu = s.cpu?.usage_core_nano_seconds?.value;
-        (cpu > cpu0 + 100_000_000).then_some(())
-    })
+    wait_for(
+        "the CPU counter to grow",
+        Duration::from_secs(30),
+        async || {
+            let s = e.container_stats(&hog).await;
+            let cpu = s.cpu?.usage_core_nano_seconds?.value;
+            (cpu > cpu0 + 100_000_000).then_some(())
+        },
+    )
     .await;
     // The idle container holds far less.
     let idle_ws = e
@@ -290,15 +306,21 @@ async fn memory_and_cpu_of_a_busy_container() {
     assert_eq!(labels["image"], e.image);
     assert!(labels["id"].contains(&hog), "{labels:?}");
     let cpu = |pods: &[v1::PodSandboxMetrics]| {
-        let s = samples(container_metrics(pods, &hog), &descs, "container_cpu_usage_seconds_total");
+        let s = samples(
+            container_metrics(pods, &hog),
+            &descs,
+            "container_cpu_usage_seconds_total",
+        );
         assert_eq!(s.len(), 1, "{s:?}");
         assert_eq!(s[0].0["cpu"], "total");
         s[0].1
     };
     let cpu0 = cpu(&pods);
-    wait_for("container_cpu_usage_seconds_total to grow", Duration::from_secs(30), async || {
-        (cpu(&e.metrics().await) > cpu0).then_some(())
-    })
+    wait_for(
+        "container_cpu_usage_seconds_total to grow",
+        Duration::from_secs(30),
+        async || (cpu(&e.metrics().await) > cpu0).then_some(()),
+    )
     .await;
     for (name, at_least) in [
         ("container_memory_usage_bytes", 64 * MIB),
@@ -324,7 +346,11 @@ async fn memory_and_cpu_of_a_busy_container() {
     // Every series of every pod carries its descriptor's labels, and every
     // container-level metric this host keeps is there.
     for p in &pods {
-        for metric in p.metrics.iter().chain(p.container_metrics.iter().flat_map(|c| &c.metrics)) {
+        for metric in p
+            .metrics
+            .iter()
+            .chain(p.container_metrics.iter().flat_map(|c| &c.metrics))
+        {
             let keys = descs
                 .get(&metric.name)
                 .unwrap_or_else(|| panic!("{} has no descriptor", metric.name));
@@ -342,25 +368,35 @@ async fn memory_and_cpu_of_a_busy_container() {
             || name.starts_with("container_network_")
     };
     for name in descs.keys().filter(|n| !host_keeps_no(n)) {
-        assert!(!samples(m, &descs, name).is_empty(), "no {name} for the container");
+        assert!(
+            !samples(m, &descs, name).is_empty(),
+            "no {name} for the container"
+        );
     }
     // The pod level: the pod cgroup, container="".
-    let pod_level = &pods.iter().find(|p| p.pod_sandbox_id == pod.0).unwrap().metrics;
+    let pod_level = &pods
+        .iter()
+        .find(|p| p.pod_sandbox_id == pod.0)
+        .unwrap()
+        .metrics;
     let pod_ws = samples(pod_level, &descs, "container_memory_working_set_bytes");
     assert!(pod_ws.len() == 1 && pod_ws[0].1 >= 64 * MIB, "{pod_ws:?}");
     assert_eq!(pod_ws[0].0["container"], "");
     assert_eq!(pod_ws[0].0["name"], pod.0);
 
     // StreamPodSandboxMetrics says the same of the same pods.
-    let mut stream = e
-        .rt
-        .stream_pod_sandbox_metrics(v1::StreamPodSandboxMetricsRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream =
+        e.rt.stream_pod_sandbox_metrics(v1::StreamPodSandboxMetricsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     let mut streamed = Vec::new();
     while let Some(msg) = stream.message().await.unwrap() {
-        streamed.extend(msg.pod_sandbox_metrics.into_iter().map(|p| p.pod_sandbox_id));
+        streamed.extend(
+            msg.pod_sandbox_metrics
+                .into_iter()
+                .map(|p| p.pod_sandbox_id),
+        );
     }
     assert_eq!(streamed, vec![pod.0.clone()]);
 
@@ -396,9 +432,8 @@ async fn network_bytes_received_by_a_pod() {
     let mut e = env().await;
     let pod = e.pod("net", false).await;
     let _c = e.run(&pod, "idle", &["sleep", "1000"]).await;
-    let status = e
-        .rt
-        .pod_sandbox_status(v1::PodSandboxStatusRequest {
+    let status =
+        e.rt.pod_sandbox_status(v1::PodSandboxStatusRequest {
             pod_sandbox_id: pod.0.clone(),
             verbose: false,
         })
@@ -410,7 +445,13 @@ async fn network_bytes_received_by_a_pod() {
     let ip: std::net::IpAddr = status.network.unwrap().ip.parse().unwrap();
 
     let rx = async |e: &mut Env| {
-        let net = e.pod_stats(&pod.0).await.linux.unwrap().network.expect("pod network stats");
+        let net = e
+            .pod_stats(&pod.0)
+            .await
+            .linux
+            .unwrap()
+            .network
+            .expect("pod network stats");
         let eth0 = net.default_interface.expect("a default interface");
         assert_eq!(eth0.name, "eth0");
         assert!(net.interfaces.iter().all(|i| i.name != "lo"));
@@ -450,8 +491,16 @@ async fn network_bytes_received_by_a_pod() {
     for name in descs.keys().filter(|n| n.starts_with("container_network_")) {
         assert!(!samples(&p.metrics, &descs, name).is_empty(), "no {name}");
     }
-    let packets = samples(&p.metrics, &descs, "container_network_receive_packets_total");
-    assert!(packets.iter().any(|(l, v)| l["interface"] == "eth0" && *v >= COUNT));
+    let packets = samples(
+        &p.metrics,
+        &descs,
+        "container_network_receive_packets_total",
+    );
+    assert!(
+        packets
+            .iter()
+            .any(|(l, v)| l["interface"] == "eth0" && *v >= COUNT)
+    );
 
     // A host-network pod: no pod network figures of its own.
     let host = e.pod("hostnet", true).await;
@@ -459,7 +508,11 @@ async fn network_bytes_received_by_a_pod() {
     assert!(e.pod_stats(&host.0).await.linux.unwrap().network.is_none());
     let pods = e.metrics().await;
     let h = pods.iter().find(|p| p.pod_sandbox_id == host.0).unwrap();
-    assert!(h.metrics.iter().all(|m| !m.name.starts_with("container_network_")));
+    assert!(
+        h.metrics
+            .iter()
+            .all(|m| !m.name.starts_with("container_network_"))
+    );
     assert_eq!(h.container_metrics.len(), 1);
     drop(e.net);
 }

@@ -33,9 +33,9 @@ pub mod mountinfo;
 pub mod mounts;
 pub mod netstats;
 pub mod ns;
-pub mod procstats;
 pub mod poll;
 pub mod process;
+pub mod procstats;
 pub mod sysctl;
 
 pub use error::Error;

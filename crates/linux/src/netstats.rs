@@ -135,7 +135,10 @@ Inter-|   Receive                                                |  Transmit
             }
         );
         // Short or garbled lines are skipped, not misread.
-        assert!(parse_proc_net_dev("eth0: 1 2 3\nx y: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\n").is_empty());
+        assert!(
+            parse_proc_net_dev("eth0: 1 2 3\nx y: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\n")
+                .is_empty()
+        );
     }
 
     #[test]

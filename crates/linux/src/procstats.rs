@@ -3,7 +3,6 @@
 //! container_file_descriptors, container_sockets) and ProcessUsage.
 //! Plain reads of procfs; a process that exits meanwhile is skipped.
 
-
 /// Totals over a set of processes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcessCounts {

@@ -62,65 +62,269 @@ const fn gauge(name: &'static str, help: &'static str, extra: &'static [&'static
 /// Every metric served, as cadvisor names and explains them.
 const DESCRIPTORS: &[Desc] = &[
     // CPU
-    counter("container_cpu_usage_seconds_total", "Cumulative cpu time consumed in seconds.", &["cpu"]),
-    counter("container_cpu_user_seconds_total", "Cumulative user cpu time consumed in seconds.", &[]),
-    counter("container_cpu_system_seconds_total", "Cumulative system cpu time consumed in seconds.", &[]),
-    counter("container_cpu_cfs_periods_total", "Number of elapsed enforcement period intervals.", &[]),
-    counter("container_cpu_cfs_throttled_periods_total", "Number of throttled period intervals.", &[]),
-    counter("container_cpu_cfs_throttled_seconds_total", "Total time duration the container has been throttled.", &[]),
+    counter(
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed in seconds.",
+        &["cpu"],
+    ),
+    counter(
+        "container_cpu_user_seconds_total",
+        "Cumulative user cpu time consumed in seconds.",
+        &[],
+    ),
+    counter(
+        "container_cpu_system_seconds_total",
+        "Cumulative system cpu time consumed in seconds.",
+        &[],
+    ),
+    counter(
+        "container_cpu_cfs_periods_total",
+        "Number of elapsed enforcement period intervals.",
+        &[],
+    ),
+    counter(
+        "container_cpu_cfs_throttled_periods_total",
+        "Number of throttled period intervals.",
+        &[],
+    ),
+    counter(
+        "container_cpu_cfs_throttled_seconds_total",
+        "Total time duration the container has been throttled.",
+        &[],
+    ),
     // Memory
-    gauge("container_memory_usage_bytes", "Current memory usage in bytes, including all memory regardless of when it was accessed", &[]),
-    gauge("container_memory_working_set_bytes", "Current working set in bytes.", &[]),
+    gauge(
+        "container_memory_usage_bytes",
+        "Current memory usage in bytes, including all memory regardless of when it was accessed",
+        &[],
+    ),
+    gauge(
+        "container_memory_working_set_bytes",
+        "Current working set in bytes.",
+        &[],
+    ),
     gauge("container_memory_rss", "Size of RSS in bytes.", &[]),
-    gauge("container_memory_cache", "Number of bytes of page cache memory.", &[]),
-    gauge("container_memory_mapped_file", "Size of memory mapped files in bytes.", &[]),
-    gauge("container_memory_kernel_usage", "Size of kernel memory allocated in bytes (where the kernel accounts it).", &[]),
-    gauge("container_memory_max_usage_bytes", "Maximum memory usage recorded in bytes (where the kernel keeps it).", &[]),
-    gauge("container_memory_swap", "Container swap usage in bytes (where swap is accounted).", &[]),
-    counter("container_memory_failcnt", "Number of memory usage hits limits", &[]),
-    counter("container_memory_failures_total", "Cumulative count of memory allocation failures.", &["failure_type", "scope"]),
-    counter("container_oom_events_total", "Count of out of memory events observed for the container", &[]),
+    gauge(
+        "container_memory_cache",
+        "Number of bytes of page cache memory.",
+        &[],
+    ),
+    gauge(
+        "container_memory_mapped_file",
+        "Size of memory mapped files in bytes.",
+        &[],
+    ),
+    gauge(
+        "container_memory_kernel_usage",
+        "Size of kernel memory allocated in bytes (where the kernel accounts it).",
+        &[],
+    ),
+    gauge(
+        "container_memory_max_usage_bytes",
+        "Maximum memory usage recorded in bytes (where the kernel keeps it).",
+        &[],
+    ),
+    gauge(
+        "container_memory_swap",
+        "Container swap usage in bytes (where swap is accounted).",
+        &[],
+    ),
+    counter(
+        "container_memory_failcnt",
+        "Number of memory usage hits limits",
+        &[],
+    ),
+    counter(
+        "container_memory_failures_total",
+        "Cumulative count of memory allocation failures.",
+        &["failure_type", "scope"],
+    ),
+    counter(
+        "container_oom_events_total",
+        "Count of out of memory events observed for the container",
+        &[],
+    ),
     // Network (pod level)
-    counter("container_network_receive_bytes_total", "Cumulative count of bytes received", &["interface"]),
-    counter("container_network_receive_packets_total", "Cumulative count of packets received", &["interface"]),
-    counter("container_network_receive_packets_dropped_total", "Cumulative count of packets dropped while receiving", &["interface"]),
-    counter("container_network_receive_errors_total", "Cumulative count of errors encountered while receiving", &["interface"]),
-    counter("container_network_transmit_bytes_total", "Cumulative count of bytes transmitted", &["interface"]),
-    counter("container_network_transmit_packets_total", "Cumulative count of packets transmitted", &["interface"]),
-    counter("container_network_transmit_packets_dropped_total", "Cumulative count of packets dropped while transmitting", &["interface"]),
-    counter("container_network_transmit_errors_total", "Cumulative count of errors encountered while transmitting", &["interface"]),
+    counter(
+        "container_network_receive_bytes_total",
+        "Cumulative count of bytes received",
+        &["interface"],
+    ),
+    counter(
+        "container_network_receive_packets_total",
+        "Cumulative count of packets received",
+        &["interface"],
+    ),
+    counter(
+        "container_network_receive_packets_dropped_total",
+        "Cumulative count of packets dropped while receiving",
+        &["interface"],
+    ),
+    counter(
+        "container_network_receive_errors_total",
+        "Cumulative count of errors encountered while receiving",
+        &["interface"],
+    ),
+    counter(
+        "container_network_transmit_bytes_total",
+        "Cumulative count of bytes transmitted",
+        &["interface"],
+    ),
+    counter(
+        "container_network_transmit_packets_total",
+        "Cumulative count of packets transmitted",
+        &["interface"],
+    ),
+    counter(
+        "container_network_transmit_packets_dropped_total",
+        "Cumulative count of packets dropped while transmitting",
+        &["interface"],
+    ),
+    counter(
+        "container_network_transmit_errors_total",
+        "Cumulative count of errors encountered while transmitting",
+        &["interface"],
+    ),
     // Writable layer and its file system
-    gauge("container_fs_usage_bytes", "Number of bytes that are consumed by the container's writable layer.", &["device"]),
-    gauge("container_fs_inodes_total", "Number of inodes of the file system holding the writable layer.", &["device"]),
-    gauge("container_fs_inodes_free", "Number of available inodes of the file system holding the writable layer.", &["device"]),
-    gauge("container_fs_limit_bytes", "Number of bytes that can be consumed by the container on this filesystem.", &["device"]),
+    gauge(
+        "container_fs_usage_bytes",
+        "Number of bytes that are consumed by the container's writable layer.",
+        &["device"],
+    ),
+    gauge(
+        "container_fs_inodes_total",
+        "Number of inodes of the file system holding the writable layer.",
+        &["device"],
+    ),
+    gauge(
+        "container_fs_inodes_free",
+        "Number of available inodes of the file system holding the writable layer.",
+        &["device"],
+    ),
+    gauge(
+        "container_fs_limit_bytes",
+        "Number of bytes that can be consumed by the container on this filesystem.",
+        &["device"],
+    ),
     // Block I/O (devices the cgroup did I/O on)
-    counter("container_fs_reads_bytes_total", "Cumulative count of bytes read", &["device"]),
-    counter("container_fs_writes_bytes_total", "Cumulative count of bytes written", &["device"]),
-    counter("container_fs_reads_total", "Cumulative count of reads completed", &["device"]),
-    counter("container_fs_writes_total", "Cumulative count of writes completed", &["device"]),
-    counter("container_blkio_device_usage_total", "Blkio device bytes usage", &["device", "major", "minor", "operation"]),
+    counter(
+        "container_fs_reads_bytes_total",
+        "Cumulative count of bytes read",
+        &["device"],
+    ),
+    counter(
+        "container_fs_writes_bytes_total",
+        "Cumulative count of bytes written",
+        &["device"],
+    ),
+    counter(
+        "container_fs_reads_total",
+        "Cumulative count of reads completed",
+        &["device"],
+    ),
+    counter(
+        "container_fs_writes_total",
+        "Cumulative count of writes completed",
+        &["device"],
+    ),
+    counter(
+        "container_blkio_device_usage_total",
+        "Blkio device bytes usage",
+        &["device", "major", "minor", "operation"],
+    ),
     // Processes
-    gauge("container_processes", "Number of processes running inside the container.", &[]),
-    gauge("container_threads", "Number of threads running inside the container", &[]),
-    gauge("container_threads_max", "Maximum number of threads allowed inside the container, infinity if value is zero", &[]),
-    gauge("container_file_descriptors", "Number of open file descriptors for the container.", &[]),
-    gauge("container_sockets", "Number of open sockets for the container.", &[]),
+    gauge(
+        "container_processes",
+        "Number of processes running inside the container.",
+        &[],
+    ),
+    gauge(
+        "container_threads",
+        "Number of threads running inside the container",
+        &[],
+    ),
+    gauge(
+        "container_threads_max",
+        "Maximum number of threads allowed inside the container, infinity if value is zero",
+        &[],
+    ),
+    gauge(
+        "container_file_descriptors",
+        "Number of open file descriptors for the container.",
+        &[],
+    ),
+    gauge(
+        "container_sockets",
+        "Number of open sockets for the container.",
+        &[],
+    ),
     // Spec
-    gauge("container_spec_cpu_period", "CPU period of the container.", &[]),
-    gauge("container_spec_cpu_quota", "CPU quota of the container (only when one is set).", &[]),
-    gauge("container_spec_cpu_shares", "CPU share of the container.", &[]),
-    gauge("container_spec_memory_limit_bytes", "Memory limit for the container (0: none).", &[]),
-    gauge("container_spec_memory_swap_limit_bytes", "Memory swap limit for the container (0: none or not accounted).", &[]),
-    gauge("container_start_time_seconds", "Start time of the container since unix epoch in seconds.", &[]),
-    gauge("container_last_seen", "Last time a container was seen by the exporter", &[]),
+    gauge(
+        "container_spec_cpu_period",
+        "CPU period of the container.",
+        &[],
+    ),
+    gauge(
+        "container_spec_cpu_quota",
+        "CPU quota of the container (only when one is set).",
+        &[],
+    ),
+    gauge(
+        "container_spec_cpu_shares",
+        "CPU share of the container.",
+        &[],
+    ),
+    gauge(
+        "container_spec_memory_limit_bytes",
+        "Memory limit for the container (0: none).",
+        &[],
+    ),
+    gauge(
+        "container_spec_memory_swap_limit_bytes",
+        "Memory swap limit for the container (0: none or not accounted).",
+        &[],
+    ),
+    gauge(
+        "container_start_time_seconds",
+        "Start time of the container since unix epoch in seconds.",
+        &[],
+    ),
+    gauge(
+        "container_last_seen",
+        "Last time a container was seen by the exporter",
+        &[],
+    ),
     // Pressure (cgroup v2 or a hybrid host's cgroup2 side, with PSI on)
-    counter("container_pressure_cpu_waiting_seconds_total", "Total time duration tasks in the container have waited due to CPU congestion (where the kernel keeps PSI).", &[]),
-    counter("container_pressure_cpu_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to CPU congestion (where the kernel keeps PSI).", &[]),
-    counter("container_pressure_memory_waiting_seconds_total", "Total time duration tasks in the container have waited due to memory congestion (where the kernel keeps PSI).", &[]),
-    counter("container_pressure_memory_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to memory congestion (where the kernel keeps PSI).", &[]),
-    counter("container_pressure_io_waiting_seconds_total", "Total time duration tasks in the container have waited due to IO congestion (where the kernel keeps PSI).", &[]),
-    counter("container_pressure_io_stalled_seconds_total", "Total time duration no tasks in the container could make progress due to IO congestion (where the kernel keeps PSI).", &[]),
+    counter(
+        "container_pressure_cpu_waiting_seconds_total",
+        "Total time duration tasks in the container have waited due to CPU congestion (where the kernel keeps PSI).",
+        &[],
+    ),
+    counter(
+        "container_pressure_cpu_stalled_seconds_total",
+        "Total time duration no tasks in the container could make progress due to CPU congestion (where the kernel keeps PSI).",
+        &[],
+    ),
+    counter(
+        "container_pressure_memory_waiting_seconds_total",
+        "Total time duration tasks in the container have waited due to memory congestion (where the kernel keeps PSI).",
+        &[],
+    ),
+    counter(
+        "container_pressure_memory_stalled_seconds_total",
+        "Total time duration no tasks in the container could make progress due to memory congestion (where the kernel keeps PSI).",
+        &[],
+    ),
+    counter(
+        "container_pressure_io_waiting_seconds_total",
+        "Total time duration tasks in the container have waited due to IO congestion (where the kernel keeps PSI).",
+        &[],
+    ),
+    counter(
+        "container_pressure_io_stalled_seconds_total",
+        "Total time duration no tasks in the container could make progress due to IO congestion (where the kernel keeps PSI).",
+        &[],
+    ),
 ];
 
 fn descriptor(name: &str) -> &'static Desc {
@@ -184,12 +388,32 @@ impl Series {
 
     fn cpu(&mut self, st: &crust_cgroups::Stats) {
         let Some(c) = st.cpu else { return };
-        self.push("container_cpu_usage_seconds_total", c.usage_ns / NS_PER_SEC, &["total"]);
-        self.push("container_cpu_user_seconds_total", c.user_ns / NS_PER_SEC, &[]);
-        self.push("container_cpu_system_seconds_total", c.system_ns / NS_PER_SEC, &[]);
+        self.push(
+            "container_cpu_usage_seconds_total",
+            c.usage_ns / NS_PER_SEC,
+            &["total"],
+        );
+        self.push(
+            "container_cpu_user_seconds_total",
+            c.user_ns / NS_PER_SEC,
+            &[],
+        );
+        self.push(
+            "container_cpu_system_seconds_total",
+            c.system_ns / NS_PER_SEC,
+            &[],
+        );
         self.push("container_cpu_cfs_periods_total", c.periods, &[]);
-        self.push("container_cpu_cfs_throttled_periods_total", c.throttled_periods, &[]);
-        self.push("container_cpu_cfs_throttled_seconds_total", c.throttled_ns / NS_PER_SEC, &[]);
+        self.push(
+            "container_cpu_cfs_throttled_periods_total",
+            c.throttled_periods,
+            &[],
+        );
+        self.push(
+            "container_cpu_cfs_throttled_seconds_total",
+            c.throttled_ns / NS_PER_SEC,
+            &[],
+        );
     }
 
     fn memory(&mut self, st: &crust_cgroups::Stats) {
@@ -214,16 +438,32 @@ impl Series {
         // The figures count the whole subtree; a container's cgroup has no
         // children, so its own and its hierarchy's counts are the same.
         for scope in ["container", "hierarchy"] {
-            self.push("container_memory_failures_total", m.page_faults, &["pgfault", scope]);
-            self.push("container_memory_failures_total", m.major_page_faults, &["pgmajfault", scope]);
+            self.push(
+                "container_memory_failures_total",
+                m.page_faults,
+                &["pgfault", scope],
+            );
+            self.push(
+                "container_memory_failures_total",
+                m.major_page_faults,
+                &["pgmajfault", scope],
+            );
         }
         // v1 counts no OOM events; the OOM kills stand in (crust-cgroups).
         if let Some(v) = m.oom_events.or(m.oom_kills) {
             self.push("container_oom_events_total", v, &[]);
         }
-        self.push("container_spec_memory_limit_bytes", m.limit.unwrap_or(0), &[]);
+        self.push(
+            "container_spec_memory_limit_bytes",
+            m.limit.unwrap_or(0),
+            &[],
+        );
         if m.swap.is_some() {
-            self.push("container_spec_memory_swap_limit_bytes", m.swap_limit.unwrap_or(0), &[]);
+            self.push(
+                "container_spec_memory_swap_limit_bytes",
+                m.swap_limit.unwrap_or(0),
+                &[],
+            );
         }
     }
 
@@ -231,11 +471,25 @@ impl Series {
         let Some(psi) = st.psi else { return };
         let us = |v: u64| v / 1_000_000;
         for (p, waiting, stalled) in [
-            (psi.cpu, "container_pressure_cpu_waiting_seconds_total", "container_pressure_cpu_stalled_seconds_total"),
-            (psi.memory, "container_pressure_memory_waiting_seconds_total", "container_pressure_memory_stalled_seconds_total"),
-            (psi.io, "container_pressure_io_waiting_seconds_total", "container_pressure_io_stalled_seconds_total"),
+            (
+                psi.cpu,
+                "container_pressure_cpu_waiting_seconds_total",
+                "container_pressure_cpu_stalled_seconds_total",
+            ),
+            (
+                psi.memory,
+                "container_pressure_memory_waiting_seconds_total",
+                "container_pressure_memory_stalled_seconds_total",
+            ),
+            (
+                psi.io,
+                "container_pressure_io_waiting_seconds_total",
+                "container_pressure_io_stalled_seconds_total",
+            ),
         ] {
-            let Some(Pressure { some, full }) = p else { continue };
+            let Some(Pressure { some, full }) = p else {
+                continue;
+            };
             self.push(waiting, us(some.total_us), &[]);
             if let Some(full) = full {
                 self.push(stalled, us(full.total_us), &[]);
@@ -248,11 +502,19 @@ impl Series {
             let n = [i.name.as_str()];
             self.push("container_network_receive_bytes_total", i.rx_bytes, &n);
             self.push("container_network_receive_packets_total", i.rx_packets, &n);
-            self.push("container_network_receive_packets_dropped_total", i.rx_dropped, &n);
+            self.push(
+                "container_network_receive_packets_dropped_total",
+                i.rx_dropped,
+                &n,
+            );
             self.push("container_network_receive_errors_total", i.rx_errors, &n);
             self.push("container_network_transmit_bytes_total", i.tx_bytes, &n);
             self.push("container_network_transmit_packets_total", i.tx_packets, &n);
-            self.push("container_network_transmit_packets_dropped_total", i.tx_dropped, &n);
+            self.push(
+                "container_network_transmit_packets_dropped_total",
+                i.tx_dropped,
+                &n,
+            );
             self.push("container_network_transmit_errors_total", i.tx_errors, &n);
         }
     }
@@ -264,7 +526,10 @@ fn block_device_name(major: u32, minor: u32) -> String {
     let id = format!("{major}:{minor}");
     std::fs::read_link(format!("/sys/dev/block/{id}"))
         .ok()
-        .and_then(|t| t.file_name().map(|n| format!("/dev/{}", n.to_string_lossy())))
+        .and_then(|t| {
+            t.file_name()
+                .map(|n| format!("/dev/{}", n.to_string_lossy()))
+        })
         .unwrap_or(id)
 }
 
@@ -294,8 +559,16 @@ fn container_metrics(c: &ContainerSample, pod: &PodSample, at: i64) -> Container
             s.push("container_fs_reads_total", d.read_ios, &[dev]);
             s.push("container_fs_writes_total", d.write_ios, &[dev]);
             let (major, minor) = (d.major.to_string(), d.minor.to_string());
-            s.push("container_blkio_device_usage_total", d.read_bytes, &[dev, &major, &minor, "Read"]);
-            s.push("container_blkio_device_usage_total", d.write_bytes, &[dev, &major, &minor, "Write"]);
+            s.push(
+                "container_blkio_device_usage_total",
+                d.read_bytes,
+                &[dev, &major, &minor, "Read"],
+            );
+            s.push(
+                "container_blkio_device_usage_total",
+                d.write_bytes,
+                &[dev, &major, &minor, "Write"],
+            );
         }
     }
     let p = c.processes;
@@ -313,12 +586,32 @@ fn container_metrics(c: &ContainerSample, pod: &PodSample, at: i64) -> Container
     }
     let r = c.resources.clone().unwrap_or_default();
     // The kernel's defaults where the request left them unset.
-    s.push("container_spec_cpu_period", if r.cpu_period > 0 { r.cpu_period as u64 } else { 100_000 }, &[]);
+    s.push(
+        "container_spec_cpu_period",
+        if r.cpu_period > 0 {
+            r.cpu_period as u64
+        } else {
+            100_000
+        },
+        &[],
+    );
     if r.cpu_quota > 0 {
         s.push("container_spec_cpu_quota", r.cpu_quota as u64, &[]);
     }
-    s.push("container_spec_cpu_shares", if r.cpu_shares > 0 { r.cpu_shares as u64 } else { 1024 }, &[]);
-    s.push("container_start_time_seconds", (rec.started_at.max(0) as u64) / NS_PER_SEC, &[]);
+    s.push(
+        "container_spec_cpu_shares",
+        if r.cpu_shares > 0 {
+            r.cpu_shares as u64
+        } else {
+            1024
+        },
+        &[],
+    );
+    s.push(
+        "container_start_time_seconds",
+        (rec.started_at.max(0) as u64) / NS_PER_SEC,
+        &[],
+    );
     s.push("container_last_seen", (at.max(0) as u64) / NS_PER_SEC, &[]);
     ContainerMetrics {
         container_id: rec.id.clone(),
@@ -493,7 +786,10 @@ mod tests {
         assert_eq!(value("container_cpu_usage_seconds_total"), Some(2));
         assert_eq!(value("container_memory_working_set_bytes"), Some(66 << 20));
         assert_eq!(value("container_oom_events_total"), Some(1));
-        assert_eq!(value("container_pressure_cpu_waiting_seconds_total"), Some(3));
+        assert_eq!(
+            value("container_pressure_cpu_waiting_seconds_total"),
+            Some(3)
+        );
         assert_eq!(value("container_pressure_cpu_stalled_seconds_total"), None);
         assert_eq!(value("container_network_receive_bytes_total"), Some(5));
         let rx = s

@@ -9,8 +9,8 @@ use super::container::{labels_match, metadata};
 use super::{Cri, container_error, internal, map, pod_error};
 use crate::clock::now_ns;
 use crate::containers::{ContainerRecord, ContainerState as CState};
-use crate::pods::{ListFilter, PodRecord, PodState};
 use crate::metrics;
+use crate::pods::{ListFilter, PodRecord, PodState};
 use crate::stats::{self, Usage};
 use crust_linux::netstats::InterfaceStats;
 
@@ -154,8 +154,8 @@ impl Cri {
             let network = metrics::read_networks(&[netns(&pod)]).pop().flatten();
             this.pod_stats_of(&pod, network)
         })
-            .await
-            .map_err(internal)?;
+        .await
+        .map_err(internal)?;
         Ok(Response::new(PodSandboxStatsResponse {
             stats: Some(stats),
         }))
