@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crust_api::v1::LinuxContainerResources;
-use crust_cgroups::{Stats, StatsRequest};
+use crust_cgroups::{CgroupPath, Stats, StatsRequest};
 use crust_linux::mounts::FsCapacity;
 use crust_linux::netstats::InterfaceStats;
 use crust_linux::procstats::ProcessCounts;
@@ -22,6 +22,10 @@ use tracing::debug;
 use crate::containers::ContainerRecord;
 use crate::pods::PodRecord;
 use crate::stats::{self, CgroupStats};
+
+/// Where a container's cgroup is (`Containers::cgroup_of`): below the pod
+/// cgroup, or a scope in the pod's slice with the systemd driver.
+pub type CgroupOf<'a> = &'a dyn Fn(&ContainerRecord) -> Option<CgroupPath>;
 
 /// What the pod-level metrics need: CPU and memory of the pod cgroup.
 const POD_FIGURES: StatsRequest = StatsRequest {
@@ -44,8 +48,8 @@ const CONTAINER_FIGURES: StatsRequest = StatsRequest {
 /// One pod's reading.
 pub struct PodSample {
     pub pod: PodRecord,
-    /// The pod cgroup as cadvisor's `id` label shows it.
-    pub cgroup: PathBuf,
+    /// The pod cgroup (its path is cadvisor's `id` label).
+    pub cgroup: Option<CgroupPath>,
     pub stats: Option<Stats>,
     /// Interfaces of the pod's network namespace, loopback left out; None
     /// for host-network pods (their traffic is the node's) or when the
@@ -57,7 +61,7 @@ pub struct PodSample {
 /// One running container's reading.
 pub struct ContainerSample {
     pub container: Arc<ContainerRecord>,
-    pub cgroup: PathBuf,
+    pub cgroup: Option<CgroupPath>,
     pub stats: Option<Stats>,
     pub processes: ProcessCounts,
     /// Bytes and inodes of the writable layer.
@@ -71,6 +75,7 @@ pub struct ContainerSample {
 /// pods' containers). Blocking: call from `spawn_blocking`.
 pub fn sample(
     cgroups: &CgroupStats,
+    cgroup_of: CgroupOf<'_>,
     pods: Vec<PodRecord>,
     containers: &[Arc<ContainerRecord>],
 ) -> Vec<PodSample> {
@@ -94,11 +99,14 @@ pub fn sample(
                 .filter(|c| {
                     c.pod_id == pod.id && c.state == crate::containers::ContainerState::Running
                 })
-                .map(|c| sample_container(cgroups, &pod, c.clone(), &mut buf))
+                .map(|c| sample_container(cgroups, cgroup_of(c), c.clone(), &mut buf))
                 .collect();
+            let cgroup = CgroupPath::from_path(&pod.cgroup_path).ok();
             PodSample {
-                cgroup: pod.cgroup_path.clone(),
-                stats: cgroups.read(&pod.cgroup_path, POD_FIGURES, &mut buf),
+                stats: cgroup
+                    .as_ref()
+                    .and_then(|p| cgroups.read(p, POD_FIGURES, &mut buf)),
+                cgroup,
                 network,
                 containers,
                 pod,
@@ -109,13 +117,15 @@ pub fn sample(
 
 fn sample_container(
     cgroups: &CgroupStats,
-    pod: &PodRecord,
+    cgroup: Option<CgroupPath>,
     container: Arc<ContainerRecord>,
     buf: &mut Vec<u8>,
 ) -> ContainerSample {
-    let cgroup = stats::container_cgroup(&pod.cgroup_path, &container.id);
-    let stats = cgroups.read(&cgroup, CONTAINER_FIGURES, buf);
-    let processes = crust_linux::procstats::count(&cgroups.pids(&cgroup));
+    let stats = cgroup
+        .as_ref()
+        .and_then(|p| cgroups.read(p, CONTAINER_FIGURES, buf));
+    let pids = cgroup.as_ref().map(|p| cgroups.pids(p)).unwrap_or_default();
+    let processes = crust_linux::procstats::count(&pids);
     let writable_layer = stats::disk_usage(&container.layer_dir.join("upper"));
     let layer_fs = crust_linux::mounts::filesystem_capacity(&container.layer_dir)
         .ok()

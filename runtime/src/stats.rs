@@ -1,15 +1,16 @@
 //! What pods and containers use: CPU, memory and PSI of their cgroups
-//! (v1, hybrid or v2, read with crust-cgroups; the CPU rate from the
-//! previous sample) and the disk use of containers' writable layers. Read
-//! for the stats RPCs and the metrics RPCs.
+//! (v1, hybrid or v2, read through crust-cgroups on the node's cgroups;
+//! the CPU rate from the previous sample) and the disk use of containers'
+//! writable layers. Read for the stats RPCs and the metrics RPCs.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use crust_cgroups::stats::PsiStats;
-use crust_cgroups::{CgroupFs, CgroupPath, Stats, StatsRequest};
-use tracing::warn;
+use crust_cgroups::{CgroupPath, Stats, StatsRequest};
+
+use crate::cgroups::NodeCgroups;
 
 /// One reading of a cgroup.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,51 +43,31 @@ struct CpuSample {
 }
 
 pub struct CgroupStats {
-    /// The host's cgroup mounts, found on first use (None if the mount
-    /// table cannot be read: stats are then absent, not wrong).
-    fs: OnceLock<Option<CgroupFs>>,
+    /// None in unit tests (no node).
+    cgroups: Option<Arc<NodeCgroups>>,
     /// By pod or container ID.
     samples: Mutex<HashMap<String, CpuSample>>,
 }
 
-impl Default for CgroupStats {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl CgroupStats {
-    pub fn new() -> CgroupStats {
+    pub fn new(cgroups: Option<Arc<NodeCgroups>>) -> CgroupStats {
         CgroupStats {
-            fs: OnceLock::new(),
+            cgroups,
             samples: Mutex::new(HashMap::new()),
         }
     }
 
-    fn cgroupfs(&self) -> Option<&CgroupFs> {
-        self.fs
-            .get_or_init(|| match CgroupFs::detect() {
-                Ok(fs) => Some(fs),
-                Err(e) => {
-                    warn!(error = %e, "cannot read the cgroup mounts; no cgroup stats");
-                    None
-                }
-            })
-            .as_ref()
-    }
-
-    /// The figures `want` asks for of the cgroup at `path` (a cgroupfs
-    /// path such as `/kubepods/crust-<id>`); None if it cannot be read
+    /// The figures `want` asks for of the cgroup at `path` (a pod cgroup
+    /// or slice, a container cgroup or scope); None if it cannot be read
     /// (gone, or never made). Blocking.
-    pub fn read(&self, path: &Path, want: StatsRequest, buf: &mut Vec<u8>) -> Option<Stats> {
-        let fs = self.cgroupfs()?;
-        let path = CgroupPath::from_path(path).ok()?;
-        fs.cgroup(path).stats_into(want, buf).ok()
+    pub fn read(&self, path: &CgroupPath, want: StatsRequest, buf: &mut Vec<u8>) -> Option<Stats> {
+        let cgroups = self.cgroups.as_ref()?;
+        cgroups.fs().cgroup(path.clone()).stats_into(want, buf).ok()
     }
 
     /// Reads the cgroup at `path` (None if it cannot be read), sampled
     /// under `key` at `now`. Blocking.
-    pub fn usage(&self, path: &Path, key: &str, now: i64) -> Option<Usage> {
+    pub fn usage(&self, path: &CgroupPath, key: &str, now: i64) -> Option<Usage> {
         let want = StatsRequest {
             psi: true,
             ..StatsRequest::CPU_MEMORY
@@ -117,13 +98,10 @@ impl CgroupStats {
     }
 
     /// The processes in the cgroup at `path` (none if unreadable).
-    pub fn pids(&self, path: &Path) -> Vec<i32> {
-        let Some(fs) = self.cgroupfs() else {
-            return Vec::new();
-        };
-        CgroupPath::from_path(path)
-            .ok()
-            .and_then(|p| fs.cgroup(p).pids().ok())
+    pub fn pids(&self, path: &CgroupPath) -> Vec<i32> {
+        self.cgroups
+            .as_ref()
+            .and_then(|c| c.fs().cgroup(path.clone()).pids().ok())
             .unwrap_or_default()
     }
 
@@ -159,11 +137,6 @@ impl CgroupStats {
     }
 }
 
-/// The cgroup of a container below its pod's cgroup (cgroupfs driver).
-pub fn container_cgroup(pod_cgroup: &Path, container_id: &str) -> std::path::PathBuf {
-    pod_cgroup.join(format!("crust-{container_id}"))
-}
-
 /// Bytes and inodes used below `dir` (a container's writable layer).
 /// Blocking.
 pub fn disk_usage(dir: &Path) -> (u64, u64) {
@@ -176,7 +149,7 @@ mod tests {
 
     #[test]
     fn the_cpu_rate_comes_from_the_previous_sample() {
-        let stats = CgroupStats::new();
+        let stats = CgroupStats::new(None);
         assert_eq!(stats.record_sample("c", 1_000_000_000, 5_000), None);
         // Half a CPU over two seconds.
         assert_eq!(

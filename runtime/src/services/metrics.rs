@@ -537,7 +537,7 @@ fn container_metrics(c: &ContainerSample, pod: &PodSample, at: i64) -> Container
     let rec = &c.container;
     let base = vec![
         rec.name.clone(),
-        c.cgroup.display().to_string(),
+        c.cgroup.as_ref().map(|p| p.to_string()).unwrap_or_default(),
         rec.image.clone(),
         rec.id.clone(),
         pod.pod.metadata.namespace.clone(),
@@ -622,7 +622,10 @@ fn container_metrics(c: &ContainerSample, pod: &PodSample, at: i64) -> Container
 fn pod_metrics(pod: &PodSample, at: i64) -> PodSandboxMetrics {
     let base = vec![
         String::new(),
-        pod.cgroup.display().to_string(),
+        pod.cgroup
+            .as_ref()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
         String::new(),
         pod.pod.id.clone(),
         pod.pod.metadata.namespace.clone(),
@@ -664,10 +667,15 @@ impl Cri {
         let containers = d.containers.list();
         tokio::task::spawn_blocking(move || {
             let at = now_ns();
-            metrics::sample(&d.stats, pods, &containers)
-                .iter()
-                .map(|p| pod_metrics(p, at))
-                .collect()
+            metrics::sample(
+                &d.stats,
+                &|c| d.containers.cgroup_of(c).map(|cg| cg.path().clone()),
+                pods,
+                &containers,
+            )
+            .iter()
+            .map(|p| pod_metrics(p, at))
+            .collect()
         })
         .await
         .map_err(internal)

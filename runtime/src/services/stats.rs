@@ -45,11 +45,12 @@ impl Cri {
         if rec.state != CState::Running {
             return stats;
         }
-        let Some(pod) = d.pods.get(&rec.pod_id).ok() else {
+        // Where the runtime put it: `<pod cgroup>/crust-<id>`, or the
+        // `crust-<id>.scope` of the pod's slice.
+        let Some(cg) = d.containers.cgroup_of(rec) else {
             return stats;
         };
-        let path = stats::container_cgroup(&pod.cgroup_path, &rec.id);
-        let (cpu, memory, io) = usage_messages(d.stats.usage(&path, &rec.id, now));
+        let (cpu, memory, io) = usage_messages(d.stats.usage(cg.path(), &rec.id, now));
         stats.cpu = cpu;
         stats.memory = memory;
         stats.io = io;
@@ -112,8 +113,12 @@ impl Cri {
             .filter(|r| r.pod_id == pod.id && r.state == CState::Running)
             .map(|r| self.stats_of(r))
             .collect();
-        let (cpu, memory, io) =
-            usage_messages(self.daemon.stats.usage(&pod.cgroup_path, &pod.id, now));
+        let pod_cgroup = crust_cgroups::CgroupPath::from_path(&pod.cgroup_path).ok();
+        let (cpu, memory, io) = usage_messages(
+            pod_cgroup
+                .as_ref()
+                .and_then(|p| self.daemon.stats.usage(p, &pod.id, now)),
+        );
         PodSandboxStats {
             attributes: Some(PodSandboxAttributes {
                 id: pod.id.clone(),
@@ -133,7 +138,10 @@ impl Cri {
                 process: Some(ProcessUsage {
                     timestamp: now,
                     process_count: Some(UInt64Value {
-                        value: self.daemon.stats.pids(&pod.cgroup_path).len() as u64,
+                        value: pod_cgroup
+                            .as_ref()
+                            .map_or(0, |p| self.daemon.stats.pids(p).len())
+                            as u64,
                     }),
                 }),
                 containers,
