@@ -49,6 +49,7 @@ pub enum Effect {
     Start(String),
     Kill { id: String, signal: i32, all: bool },
     Update(String),
+    OomScoreAdj { id: String, value: i32 },
     ReopenLog(String),
     ExecSync(String),
     ReapMonitor(String),
