@@ -267,14 +267,19 @@ impl ContainerHost for RealContainerHost {
 
     fn set_oom_score_adj(&self, rec: &ContainerRecord, value: i32) -> Result<(), ContainerError> {
         let cg = self.container_cgroup(rec).ok_or_else(|| {
-            ContainerError::FailedPrecondition(format!("container {}: its cgroup is unknown", rec.id))
+            ContainerError::FailedPrecondition(format!(
+                "container {}: its cgroup is unknown",
+                rec.id
+            ))
         })?;
         let pids = self
             .cgroups
             .fs()
             .cgroup(cg.path().clone())
             .pids()
-            .map_err(|e| ContainerError::Internal(format!("the processes of {}: {e}", cg.path())))?;
+            .map_err(|e| {
+                ContainerError::Internal(format!("the processes of {}: {e}", cg.path()))
+            })?;
         for pid in pids {
             // A process that has just exited is no error. One forked
             // between the read and the write keeps its parent's old value:

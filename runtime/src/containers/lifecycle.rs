@@ -213,7 +213,11 @@ impl Containers {
         }
         // ContainerStatus.resources shows what the process got.
         if let Some(mut res) = rec.resources()
-            && let Some(v) = built.spec.process().as_ref().and_then(|p| p.oom_score_adj())
+            && let Some(v) = built
+                .spec
+                .process()
+                .as_ref()
+                .and_then(|p| p.oom_score_adj())
             && res.oom_score_adj != i64::from(v)
         {
             res.oom_score_adj = i64::from(v);

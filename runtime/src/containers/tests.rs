@@ -522,7 +522,12 @@ async fn resource_updates_apply_live_and_are_recorded() {
         .unwrap();
     let now = rig.containers.get(&id).unwrap().resources().unwrap();
     assert_eq!(
-        (now.memory_limit_in_bytes, now.cpu_quota, now.cpu_period, now.oom_score_adj),
+        (
+            now.memory_limit_in_bytes,
+            now.cpu_quota,
+            now.cpu_period,
+            now.oom_score_adj
+        ),
         (64 << 20, 20_000, 100_000, 700)
     );
     let (_, oci) = rig.container_host.updates().pop().unwrap();
