@@ -834,6 +834,146 @@ async fn resize_in_place_runc() {
     resize_in_place("runc").await;
 }
 
+/// UpdatePodSandboxResources: the pod cgroup (the parent of its
+/// containers' cgroups or scopes) gets the pod's resources plus its
+/// overhead; the containers' own limits stay; bad values are refused by
+/// field with nothing changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_resize_sets_the_pod_cgroup() {
+    let mut e = env("").await;
+    let pod = e.pod("podresize").await;
+    let id = e
+        .run(
+            &pod,
+            e.container(
+                "c",
+                v1::LinuxContainerResources {
+                    memory_limit_in_bytes: 64 * MIB,
+                    cpu_period: 100_000,
+                    cpu_quota: 50_000,
+                    ..Default::default()
+                },
+            ),
+        )
+        .await;
+    let pid = e.pid_of(&id).await;
+    // The pod cgroup's file: the container cgroup's parent dir.
+    let pod_file = |ctrl: &str, file: &str| {
+        let (mount, path) = cgroups_of(pid)
+            .into_iter()
+            .find(|(d, _)| {
+                if cgroup_v2() {
+                    d.is_empty()
+                } else {
+                    d.split(',').any(|c| c == ctrl)
+                }
+            })
+            .unwrap();
+        let dir = cgroup_dir(&mount, &path);
+        let f = dir.parent().unwrap().join(file);
+        std::fs::read_to_string(&f)
+            .unwrap_or_else(|err| panic!("{}: {err}", f.display()))
+            .trim()
+            .to_string()
+    };
+    let (mem_file, quota_of) = if cgroup_v2() {
+        ("memory.max", "cpu.max")
+    } else {
+        ("memory.limit_in_bytes", "cpu.cfs_quota_us")
+    };
+    let quota = |v: String| v.split(' ').next().unwrap().to_string();
+    let resize = |overhead: v1::LinuxContainerResources, resources: v1::LinuxContainerResources| {
+        v1::UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: pod.0.clone(),
+            overhead: Some(overhead),
+            resources: Some(resources),
+        }
+    };
+    let ok = resize(
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 16 * MIB,
+            cpu_period: 100_000,
+            cpu_quota: 10_000,
+            ..Default::default()
+        },
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 256 * MIB,
+            cpu_period: 100_000,
+            cpu_quota: 200_000,
+            ..Default::default()
+        },
+    );
+    e.rt.update_pod_sandbox_resources(ok).await.unwrap();
+    assert_eq!(pod_file("memory", mem_file), (272 * MIB).to_string());
+    assert_eq!(quota(pod_file("cpu", quota_of)), "210000");
+    // The container keeps its own limits.
+    assert_eq!(memory_and_cpu_files(pid).0, (64 * MIB).to_string());
+    assert_eq!(memory_and_cpu_files(pid).1, "50000");
+
+    // A second resize replaces the first.
+    let smaller = resize(
+        v1::LinuxContainerResources::default(),
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 128 * MIB,
+            cpu_period: 100_000,
+            cpu_quota: 100_000,
+            ..Default::default()
+        },
+    );
+    e.rt.update_pod_sandbox_resources(smaller).await.unwrap();
+    assert_eq!(pod_file("memory", mem_file), (128 * MIB).to_string());
+    assert_eq!(quota(pod_file("cpu", quota_of)), "100000");
+
+    for (req, field) in [
+        (
+            resize(
+                v1::LinuxContainerResources {
+                    memory_limit_in_bytes: -1,
+                    ..Default::default()
+                },
+                Default::default(),
+            ),
+            "overhead.memory_limit_in_bytes",
+        ),
+        (
+            resize(
+                Default::default(),
+                v1::LinuxContainerResources {
+                    cpu_quota: -2,
+                    memory_limit_in_bytes: 32 * MIB,
+                    ..Default::default()
+                },
+            ),
+            "resources.cpu_quota",
+        ),
+        (
+            resize(
+                Default::default(),
+                v1::LinuxContainerResources {
+                    oom_score_adj: 100,
+                    ..Default::default()
+                },
+            ),
+            "resources.oom_score_adj",
+        ),
+    ] {
+        let err = e.rt.update_pod_sandbox_resources(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err}");
+        assert!(err.message().starts_with(field), "{field}: {err}");
+        assert_eq!(pod_file("memory", mem_file), (128 * MIB).to_string());
+    }
+    let mut unknown = resize(Default::default(), Default::default());
+    unknown.pod_sandbox_id = "0123456789abcdef".into();
+    let err =
+        e.rt.update_pod_sandbox_resources(unknown)
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+    assert!(process_alive(pid));
+    e.remove_container(&id).await;
+    e.remove_pod(&pod.0).await;
+}
+
 /// The pid of the monitor of container `id`.
 fn monitor_pid(run_dir: &Path, id: &str) -> i32 {
     let dir = run_dir.to_string_lossy().into_owned();

@@ -18,7 +18,8 @@
 //!   and [`libcontainer_compat`] for the embedded runtime;
 //!   [`linux_resources`], [`effective_oom_score_adj`] and
 //!   [`merge_resources`] for UpdateContainerResources (the conversion
-//!   CreateContainer uses too).
+//!   CreateContainer uses too), [`pod_cgroup_resources`] for
+//!   UpdatePodSandboxResources.
 //!
 //! Behaviour follows containerd's CRI plugin unless noted. Deliberate
 //! differences:
@@ -71,7 +72,9 @@ pub use input::{
 };
 pub use mounts::default_mounts;
 pub use process::{DEFAULT_PATH_ENV, process_args, process_cwd, process_env};
-pub use resources::{effective_oom_score_adj, linux_resources, merge_resources};
+pub use resources::{
+    effective_oom_score_adj, linux_resources, merge_resources, pod_cgroup_resources,
+};
 pub use seccomp::{
     MAX_SECCOMP_PROFILE_BYTES, default_seccomp_profile, parse_seccomp_profile,
     seccomp_architectures,

@@ -330,6 +330,88 @@ pub fn merge_resources(
     }
 }
 
+/// What a pod cgroup is set to by UpdatePodSandboxResources: the pod's
+/// resources (what kubelet sums over its containers) plus its overhead,
+/// as kubelet sizes pod cgroups. Both are checked first (errors name
+/// `overhead.<field>` or `resources.<field>`). A pod cgroup has no
+/// oom_score_adj (that is per process, per container): a non-zero one is
+/// refused rather than dropped. Zero fields are "unset" and leave the
+/// cgroup's value as it is.
+pub fn pod_cgroup_resources(
+    overhead: Option<&LinuxContainerResources>,
+    resources: Option<&LinuxContainerResources>,
+    runtime: &RuntimeFacts,
+) -> Result<LinuxContainerResources, SpecError> {
+    let none = LinuxContainerResources::default();
+    let (o, r) = (overhead.unwrap_or(&none), resources.unwrap_or(&none));
+    for (field, x) in [("overhead", o), ("resources", r)] {
+        linux_resources(field, x, runtime)?;
+        if x.oom_score_adj != 0 {
+            return Err(SpecError::invalid(
+                format!("{field}.oom_score_adj"),
+                "a pod cgroup has none (it is set per container by UpdateContainerResources)",
+            ));
+        }
+    }
+    let sum = |a: i64, b: i64| a.saturating_add(b.max(0));
+    // Overhead's quota in the pod's period.
+    let period = if r.cpu_period > 0 {
+        r.cpu_period
+    } else {
+        o.cpu_period
+    };
+    let overhead_quota = match (o.cpu_quota, o.cpu_period) {
+        (q, p) if q > 0 && p > 0 && period > 0 => {
+            (i128::from(q) * i128::from(period) / i128::from(p)) as i64
+        }
+        (q, _) => q.max(0),
+    };
+    let mut hugepages = r.hugepage_limits.clone();
+    for h in &o.hugepage_limits {
+        match hugepages.iter_mut().find(|x| x.page_size == h.page_size) {
+            Some(x) => x.limit = x.limit.saturating_add(h.limit),
+            None => hugepages.push(h.clone()),
+        }
+    }
+    let mut unified = o.unified.clone();
+    unified.extend(r.unified.clone());
+    let combined = LinuxContainerResources {
+        cpu_period: period,
+        cpu_quota: match r.cpu_quota {
+            q if q > 0 => sum(q, overhead_quota),
+            q => q,
+        },
+        cpu_shares: if r.cpu_shares > 0 {
+            sum(r.cpu_shares, o.cpu_shares)
+        } else {
+            0
+        },
+        memory_limit_in_bytes: if r.memory_limit_in_bytes > 0 {
+            sum(r.memory_limit_in_bytes, o.memory_limit_in_bytes)
+        } else {
+            0
+        },
+        memory_swap_limit_in_bytes: match r.memory_swap_limit_in_bytes {
+            s if s > 0 => sum(
+                s,
+                if o.memory_swap_limit_in_bytes > 0 {
+                    o.memory_swap_limit_in_bytes
+                } else {
+                    o.memory_limit_in_bytes
+                },
+            ),
+            s => s,
+        },
+        oom_score_adj: 0,
+        cpuset_cpus: r.cpuset_cpus.clone(),
+        cpuset_mems: r.cpuset_mems.clone(),
+        hugepage_limits: hugepages,
+        unified,
+    };
+    linux_resources("resources", &combined, runtime)?;
+    Ok(combined)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -598,6 +680,70 @@ mod tests {
         };
         let e = effective_oom_score_adj("linux", &bad_oom, -1000).unwrap_err();
         assert_eq!(e.field(), "linux.oom_score_adj");
+    }
+
+    #[test]
+    fn a_pod_cgroup_gets_its_resources_plus_the_overhead() {
+        let overhead = LinuxContainerResources {
+            memory_limit_in_bytes: 16 << 20,
+            cpu_period: 50_000,
+            cpu_quota: 5_000,
+            cpu_shares: 10,
+            ..Default::default()
+        };
+        let resources = LinuxContainerResources {
+            memory_limit_in_bytes: 256 << 20,
+            cpu_period: 100_000,
+            cpu_quota: 200_000,
+            cpu_shares: 1024,
+            ..Default::default()
+        };
+        let c = pod_cgroup_resources(Some(&overhead), Some(&resources), &facts()).unwrap();
+        assert_eq!(c.memory_limit_in_bytes, 272 << 20);
+        // 5ms per 50ms is 10ms per 100ms.
+        assert_eq!((c.cpu_quota, c.cpu_period), (210_000, 100_000));
+        assert_eq!(c.cpu_shares, 1034);
+        // Unset stays unset; unlimited stays unlimited.
+        let c = pod_cgroup_resources(
+            Some(&overhead),
+            Some(&LinuxContainerResources {
+                cpu_quota: -1,
+                ..Default::default()
+            }),
+            &facts(),
+        )
+        .unwrap();
+        assert_eq!((c.memory_limit_in_bytes, c.cpu_quota), (0, -1));
+        // Errors name the part of the request.
+        for (o, r, field) in [
+            (
+                LinuxContainerResources {
+                    memory_limit_in_bytes: -1,
+                    ..Default::default()
+                },
+                LinuxContainerResources::default(),
+                "overhead.memory_limit_in_bytes",
+            ),
+            (
+                LinuxContainerResources::default(),
+                LinuxContainerResources {
+                    cpu_quota: -3,
+                    ..Default::default()
+                },
+                "resources.cpu_quota",
+            ),
+            (
+                LinuxContainerResources::default(),
+                LinuxContainerResources {
+                    oom_score_adj: 100,
+                    ..Default::default()
+                },
+                "resources.oom_score_adj",
+            ),
+        ] {
+            let e = pod_cgroup_resources(Some(&o), Some(&r), &facts()).unwrap_err();
+            assert_eq!(e.field(), field);
+        }
     }
 
     #[test]

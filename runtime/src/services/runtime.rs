@@ -369,9 +369,9 @@ impl RuntimeService for Cri {
 
     async fn update_pod_sandbox_resources(
         &self,
-        _req: Request<UpdatePodSandboxResourcesRequest>,
+        req: Request<UpdatePodSandboxResourcesRequest>,
     ) -> Result<Response<UpdatePodSandboxResourcesResponse>, Status> {
-        not_yet!("UpdatePodSandboxResources")
+        self.update_pod_sandbox_resources_impl(req).await
     }
 }
 
