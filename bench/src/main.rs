@@ -115,6 +115,10 @@ struct Args {
     /// Pods (one container each) of the density scenario.
     #[arg(long, default_value_t = 100)]
     density_pods: usize,
+    /// Pods (one running container each) present while the metrics and
+    /// stats lists are timed.
+    #[arg(long, default_value_t = 100)]
+    metrics_pods: usize,
     /// How many density pods are started / removed at a time.
     #[arg(long, default_value_t = 10)]
     density_parallel: usize,
@@ -161,6 +165,9 @@ enum Scenario {
     ImagePull,
     /// --density-pods pods with a container each, --density-parallel at a time
     Density,
+    /// ListPodSandboxMetrics, ListContainerStats and ListPodSandboxStats
+    /// with --metrics-pods pods (CNI network if ready) running a container each
+    Metrics,
 }
 
 struct Target {
@@ -422,6 +429,9 @@ enum Op {
     ContainerStatus,
     ListContainers,
     ListPods,
+    ListPodSandboxMetrics,
+    ListContainerStats,
+    ListPodSandboxStats,
 }
 
 type Phases = Vec<(String, Duration)>;
@@ -545,6 +555,52 @@ async fn once(t: &mut Target, op: &Op) -> anyhow::Result<Phases> {
                     .items
                     .len();
             Ok(one(&format!("ListPodSandbox ({n})"), start))
+        }
+        Op::ListPodSandboxMetrics => {
+            let pods =
+                t.rt.list_pod_sandbox_metrics(v1::ListPodSandboxMetricsRequest::default())
+                    .await
+                    .context("ListPodSandboxMetrics")?
+                    .into_inner()
+                    .pod_metrics;
+            let series: usize = pods
+                .iter()
+                .map(|p| {
+                    p.metrics.len()
+                        + p.container_metrics
+                            .iter()
+                            .map(|c| c.metrics.len())
+                            .sum::<usize>()
+                })
+                .sum();
+            // The series count is in the name: it says what one call costs.
+            Ok(one(
+                &format!(
+                    "ListPodSandboxMetrics ({} pods, {series} series)",
+                    pods.len()
+                ),
+                start,
+            ))
+        }
+        Op::ListContainerStats => {
+            let n =
+                t.rt.list_container_stats(v1::ListContainerStatsRequest::default())
+                    .await
+                    .context("ListContainerStats")?
+                    .into_inner()
+                    .stats
+                    .len();
+            Ok(one(&format!("ListContainerStats ({n})"), start))
+        }
+        Op::ListPodSandboxStats => {
+            let n =
+                t.rt.list_pod_sandbox_stats(v1::ListPodSandboxStatsRequest::default())
+                    .await
+                    .context("ListPodSandboxStats")?
+                    .into_inner()
+                    .stats
+                    .len();
+            Ok(one(&format!("ListPodSandboxStats ({n})"), start))
         }
     }
 }
@@ -970,43 +1026,134 @@ async fn image_pull(
     Ok(())
 }
 
+/// Starts `n` pods (host network unless `cni`) with a running container
+/// each, `par` at a time; returns the pod IDs.
+async fn start_pods(
+    t: &Target,
+    n: usize,
+    par: usize,
+    cni: bool,
+    label: &str,
+) -> anyhow::Result<Vec<String>> {
+    let image = t.image.clone().context("no image")?;
+    let pb = bar(n as u64, &format!("{label} ({})", t.name));
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(par.max(1)));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let mut rt = t.rt.clone();
+        let sem = sem.clone();
+        let image = image.clone();
+        let index = t.index;
+        let pb = pb.clone();
+        set.spawn(async move {
+            let _permit = sem.acquire().await?;
+            let pod = run_pod(&mut rt, index, "", !cni).await?;
+            let id = create_container(&mut rt, &pod, &image).await?;
+            start_container(&mut rt, &id).await?;
+            pb.inc(1);
+            anyhow::Ok(pod.0)
+        });
+    }
+    let mut pods = Vec::new();
+    let mut first_err = None;
+    while let Some(r) = set.join_next().await {
+        match r? {
+            Ok(p) => pods.push(p),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    match first_err {
+        Some(e) => {
+            // Started ones are tracked and go at exit.
+            Err(e.context(format!("{label}: starting pods")))
+        }
+        None => Ok(pods),
+    }
+}
+
+/// Removes `pods`, `par` at a time.
+async fn remove_pods(t: &Target, pods: Vec<String>, par: usize) -> anyhow::Result<()> {
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(par.max(1)));
+    let mut set = tokio::task::JoinSet::new();
+    for pod in pods {
+        let mut rt = t.rt.clone();
+        let sem = sem.clone();
+        let index = t.index;
+        set.spawn(async move {
+            let _permit = sem.acquire().await?;
+            remove_pod(&mut rt, index, &pod).await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+/// The metrics scenario: what a kubelet scraping /metrics/cadvisor and
+/// /stats/summary from the runtime costs it, per call, with
+/// --metrics-pods pods running.
+async fn metrics(report: &mut Report, targets: &mut [Target], args: &Args) -> anyhow::Result<()> {
+    let n = args.metrics_pods;
+    let par = args.density_parallel;
+    let cni = targets.iter().all(|t| t.network_ready);
+    let mut started = Vec::new();
+    let mut r = Ok(());
+    for t in targets.iter_mut() {
+        match start_pods(t, n, par, cni, "metrics pods").await {
+            Ok(p) => started.push(p),
+            Err(e) => {
+                r = Err(e);
+                break;
+            }
+        }
+    }
+    if r.is_ok() {
+        let (w, iters) = (args.lifecycle_warmup, args.lifecycle_iterations);
+        for op in [Op::ListContainerStats, Op::ListPodSandboxStats] {
+            if r.is_ok() {
+                r = measure(report, targets, &op, "metrics", w, iters, args.rounds).await;
+            }
+        }
+        if r.is_ok() {
+            for t in targets.iter_mut() {
+                // containerd 1.x has no metrics RPCs.
+                if let Err(e) = once(t, &Op::ListPodSandboxMetrics).await {
+                    not_applicable(report, "ListPodSandboxMetrics", t, &e);
+                }
+            }
+            if targets.iter().any(|t| !t.skip) {
+                r = measure(
+                    report,
+                    targets,
+                    &Op::ListPodSandboxMetrics,
+                    "metrics",
+                    w,
+                    iters,
+                    args.rounds,
+                )
+                .await;
+            }
+            for t in targets.iter_mut() {
+                t.skip = false;
+            }
+        }
+    }
+    for (t, pods) in targets.iter().zip(started) {
+        remove_pods(t, pods, par).await?;
+    }
+    r
+}
+
 async fn density(report: &mut Report, targets: &mut [Target], args: &Args) -> anyhow::Result<()> {
     let n = args.density_pods;
     let par = args.density_parallel.max(1);
     for t in targets.iter_mut() {
-        let image = t.image.clone().context("no image")?;
-        let pb = bar((2 * n) as u64, &format!("density ({})", t.name));
-        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(par));
         let start = Instant::now();
-        let mut set = tokio::task::JoinSet::new();
-        for _ in 0..n {
-            let mut rt = t.rt.clone();
-            let sem = sem.clone();
-            let image = image.clone();
-            let index = t.index;
-            let pb = pb.clone();
-            set.spawn(async move {
-                let _permit = sem.acquire().await?;
-                let pod = run_pod(&mut rt, index, "", true).await?;
-                let id = create_container(&mut rt, &pod, &image).await?;
-                start_container(&mut rt, &id).await?;
-                pb.inc(1);
-                anyhow::Ok(pod.0)
-            });
-        }
-        let mut pods = Vec::new();
-        let mut first_err = None;
-        while let Some(r) = set.join_next().await {
-            match r? {
-                Ok(p) => pods.push(p),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e.context("density: starting pods"));
-        }
+        let pods = start_pods(t, n, par, false, "density").await?;
         figure(
             report,
             &format!("density {n} pods running"),
@@ -1015,21 +1162,7 @@ async fn density(report: &mut Report, targets: &mut [Target], args: &Args) -> an
             "ms",
         );
         let start = Instant::now();
-        for pod in pods {
-            let mut rt = t.rt.clone();
-            let sem = sem.clone();
-            let index = t.index;
-            let pb = pb.clone();
-            set.spawn(async move {
-                let _permit = sem.acquire().await?;
-                remove_pod(&mut rt, index, &pod).await?;
-                pb.inc(1);
-                anyhow::Ok(String::new())
-            });
-        }
-        while let Some(r) = set.join_next().await {
-            r??;
-        }
+        remove_pods(t, pods, par).await?;
         figure(
             report,
             &format!("density {n} pods removed"),
@@ -1037,7 +1170,6 @@ async fn density(report: &mut Report, targets: &mut [Target], args: &Args) -> an
             start.elapsed().as_secs_f64() * 1e3,
             "ms",
         );
-        pb.finish_and_clear();
     }
     Ok(())
 }
@@ -1073,6 +1205,7 @@ async fn run_scenarios(
         Scenario::List,
         Scenario::Footprint,
         Scenario::Density,
+        Scenario::Metrics,
     ]
     .iter()
     .any(|s| has(*s));
@@ -1240,6 +1373,9 @@ async fn run_scenarios(
     }
     if has(Scenario::Density) {
         density(report, targets, args).await?;
+    }
+    if has(Scenario::Metrics) {
+        metrics(report, targets, args).await?;
     }
     Ok(())
 }

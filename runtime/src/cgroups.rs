@@ -227,6 +227,22 @@ impl NodeCgroups {
         }
     }
 
+    /// Sets a pod's cgroup limits (UpdatePodSandboxResources): through
+    /// its slice's unit properties and files (systemd), or its files
+    /// (cgroupfs). Everything is checked before anything is written.
+    /// Blocking.
+    pub fn update_pod(
+        &self,
+        path: &CgroupPath,
+        slice: Option<&PodSlice>,
+        resources: &LinuxResources,
+    ) -> Result<(), Error> {
+        match slice {
+            Some(s) => self.block_on(self.systemd()?.apply(&self.fs, &s.name, path, resources)),
+            None => self.fs.cgroup(path.clone()).apply(resources),
+        }
+    }
+
     /// Kills what is left in a container's cgroup and removes it: stops
     /// its scope (systemd), then deletes the cgroup. Returns whether there
     /// was anything. Blocking; idempotent.

@@ -10,6 +10,7 @@
 //!   runtime.rs           RuntimeService dispatch, Version/Status/RuntimeConfig
 //!   pod.rs, container.rs pod sandbox and container RPCs
 //!   stats.rs, events.rs  stats RPCs, GetContainerEvents
+//!   metrics.rs           CRI metrics RPCs: cadvisor's names and labels
 //!   stream.rs            Exec/Attach/PortForward URLs
 //!   image.rs, admin.rs   ImageService, crust's admin API (over crust_image)
 //! lifecycle/           the one place that orders pod and container steps
@@ -33,6 +34,7 @@
 //! cgroups.rs           the node's cgroups (crust-cgroups): pod cgroups and
 //!                      slices, container cgroups and scopes, unified keys
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
+//! metrics.rs           what the metrics RPCs read: cgroups, pod netns, layers
 //! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
 //! quote.rs             bounded quoting of client input in messages
@@ -55,6 +57,7 @@ mod images;
 mod index;
 mod launch;
 mod lifecycle;
+mod metrics;
 mod monitor;
 mod node;
 mod pods;

@@ -1,18 +1,19 @@
-//! What pods and containers use: CPU and memory of their cgroups (v1 or
-//! v2, through crust-cgroups, the CPU rate from the previous sample) and
-//! the disk use of containers' writable layers. Read for the stats RPCs
-//! (and, later, the metrics ones).
+//! What pods and containers use: CPU, memory and PSI of their cgroups
+//! (v1, hybrid or v2, read through crust-cgroups on the node's cgroups;
+//! the CPU rate from the previous sample) and the disk use of containers'
+//! writable layers. Read for the stats RPCs and the metrics RPCs.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crust_cgroups::{CgroupPath, StatsRequest};
+use crust_cgroups::stats::PsiStats;
+use crust_cgroups::{CgroupPath, Stats, StatsRequest};
 
 use crate::cgroups::NodeCgroups;
 
 /// One reading of a cgroup.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Usage {
     /// Nanoseconds since the Unix epoch.
     pub timestamp: i64,
@@ -29,6 +30,9 @@ pub struct Usage {
     pub memory_rss_bytes: Option<u64>,
     pub page_faults: Option<u64>,
     pub major_page_faults: Option<u64>,
+    /// cpu/memory/io pressure where the kernel keeps it for this cgroup
+    /// (cgroup v2, or a hybrid host's cgroup2 side); None elsewhere.
+    pub psi: Option<PsiStats>,
 }
 
 /// The previous CPU sample of a cgroup.
@@ -53,33 +57,52 @@ impl CgroupStats {
         }
     }
 
+    /// The figures `want` asks for of the cgroup at `path` (a pod cgroup
+    /// or slice, a container cgroup or scope); None if it cannot be read
+    /// (gone, or never made). Blocking.
+    pub fn read(&self, path: &CgroupPath, want: StatsRequest, buf: &mut Vec<u8>) -> Option<Stats> {
+        let cgroups = self.cgroups.as_ref()?;
+        cgroups.fs().cgroup(path.clone()).stats_into(want, buf).ok()
+    }
+
     /// Reads the cgroup at `path` (None if it cannot be read), sampled
     /// under `key` at `now`. Blocking.
     pub fn usage(&self, path: &CgroupPath, key: &str, now: i64) -> Option<Usage> {
-        let cgroups = self.cgroups.as_ref()?;
-        let st = cgroups
-            .fs()
-            .cgroup(path.clone())
-            .stats(StatsRequest::CPU_MEMORY)
-            .ok()?;
-        let (cpu, m) = (st.cpu?, st.memory?);
-        let nano_cores = self.sample(key, now, cpu.usage_ns);
-        Some(Usage {
+        let want = StatsRequest {
+            psi: true,
+            ..StatsRequest::CPU_MEMORY
+        };
+        let st = self.read(path, want, &mut Vec::with_capacity(4096))?;
+        Some(self.usage_of(&st, key, now))
+    }
+
+    /// [`CgroupStats::usage`] of figures already read (with at least
+    /// CPU and memory), sampled under `key` at `now`.
+    pub fn usage_of(&self, st: &Stats, key: &str, now: i64) -> Usage {
+        let cpu_ns = st.cpu.map_or(0, |c| c.usage_ns);
+        let nano_cores = st.cpu.and_then(|_| self.sample(key, now, cpu_ns));
+        let m = st.memory.unwrap_or_default();
+        let has_memory = st.memory.is_some();
+        Usage {
             timestamp: now,
-            cpu_usage_ns: cpu.usage_ns,
+            cpu_usage_ns: cpu_ns,
             cpu_nano_cores: nano_cores,
             memory_usage_bytes: m.usage,
             memory_working_set_bytes: m.working_set,
             memory_available_bytes: m.limit.map(|l| l.saturating_sub(m.working_set)),
-            memory_rss_bytes: Some(m.rss),
-            page_faults: Some(m.page_faults),
-            major_page_faults: Some(m.major_page_faults),
-        })
+            memory_rss_bytes: has_memory.then_some(m.rss),
+            page_faults: has_memory.then_some(m.page_faults),
+            major_page_faults: has_memory.then_some(m.major_page_faults),
+            psi: st.psi,
+        }
     }
 
-    /// [`CgroupStats::usage`] of a cgroup named by a path.
-    pub fn usage_at(&self, path: &Path, key: &str, now: i64) -> Option<Usage> {
-        self.usage(&CgroupPath::from_path(path).ok()?, key, now)
+    /// The processes in the cgroup at `path` (none if unreadable).
+    pub fn pids(&self, path: &CgroupPath) -> Vec<i32> {
+        self.cgroups
+            .as_ref()
+            .and_then(|c| c.fs().cgroup(path.clone()).pids().ok())
+            .unwrap_or_default()
     }
 
     /// Records CPU usage `usage_ns` of `key` at `now`; returns the rate

@@ -588,6 +588,395 @@ async fn limits_stats_update_and_removal_runc() {
     limits_stats_update_and_removal("runc").await;
 }
 
+/// Whether the node has the hugetlb controller (v1 mount or v2 root).
+fn hugetlb_controller() -> bool {
+    if cgroup_v2() {
+        std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "hugetlb"))
+    } else {
+        Path::new("/sys/fs/cgroup/hugetlb").is_dir()
+    }
+}
+
+/// What the cgroup files of a container say of memory and CPU:
+/// (memory limit, cpu quota, cpu period).
+fn memory_and_cpu_files(pid: i32) -> (String, String, String) {
+    if cgroup_v2() {
+        let max = read_cgroup_file(pid, "cpu", "cpu.max");
+        let (q, p) = max.split_once(' ').unwrap();
+        (
+            read_cgroup_file(pid, "memory", "memory.max"),
+            q.to_string(),
+            p.to_string(),
+        )
+    } else {
+        (
+            read_cgroup_file(pid, "memory", "memory.limit_in_bytes"),
+            read_cgroup_file(pid, "cpu", "cpu.cfs_quota_us"),
+            read_cgroup_file(pid, "cpu", "cpu.cfs_period_us"),
+        )
+    }
+}
+
+/// In-place resize as kubelet does it: several UpdateContainerResources
+/// in a row, each landing in the cgroup files, ContainerStatus.resources
+/// showing everything in force (what an update leaves out stays), bad
+/// updates refused by field with nothing changed, the container running
+/// throughout.
+async fn resize_in_place(handler: &'static str) {
+    let mut e = env(handler).await;
+    let pod = e.pod("resize").await;
+    let id = e
+        .run(
+            &pod,
+            e.container(
+                "resize",
+                v1::LinuxContainerResources {
+                    memory_limit_in_bytes: 64 * MIB,
+                    cpu_period: 100_000,
+                    cpu_quota: 50_000,
+                    cpu_shares: 512,
+                    ..Default::default()
+                },
+            ),
+        )
+        .await;
+    let pid = e.pid_of(&id).await;
+    let files =
+        |limit: i64, quota: i64| (limit.to_string(), quota.to_string(), "100000".to_string());
+    assert_eq!(memory_and_cpu_files(pid), files(64 * MIB, 50_000));
+
+    async fn in_force(e: &mut Env, id: &str) -> v1::LinuxContainerResources {
+        e.status(id)
+            .await
+            .0
+            .resources
+            .and_then(|r| r.linux)
+            .expect("ContainerStatus.resources.linux")
+    }
+
+    // 1: memory only; the CPU limits stay, in the files and the status.
+    e.update(
+        &id,
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 128 * MIB,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(memory_and_cpu_files(pid), files(128 * MIB, 50_000));
+    let r = in_force(&mut e, &id).await;
+    assert_eq!(
+        (
+            r.memory_limit_in_bytes,
+            r.cpu_quota,
+            r.cpu_period,
+            r.cpu_shares
+        ),
+        (128 * MIB, 50_000, 100_000, 512)
+    );
+
+    // 2: CPU only; the memory limit set before stays.
+    e.update(
+        &id,
+        v1::LinuxContainerResources {
+            cpu_quota: 20_000,
+            cpu_shares: 256,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(memory_and_cpu_files(pid), files(128 * MIB, 20_000));
+    if !cgroup_v2() {
+        assert_eq!(read_cgroup_file(pid, "cpu", "cpu.shares"), "256");
+    }
+    let r = in_force(&mut e, &id).await;
+    assert_eq!(
+        (r.memory_limit_in_bytes, r.cpu_quota, r.cpu_shares),
+        (128 * MIB, 20_000, 256)
+    );
+
+    // 3: oom_score_adj lands on the container's processes (the daemon
+    // cannot go below its own: ask above it).
+    let own: i64 = std::fs::read_to_string("/proc/self/oom_score_adj")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let want = own.max(0) + 100;
+    e.update(
+        &id,
+        v1::LinuxContainerResources {
+            oom_score_adj: want,
+            memory_limit_in_bytes: 96 * MIB,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let oom = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap();
+    assert_eq!(oom.trim(), want.to_string());
+    assert_eq!(memory_and_cpu_files(pid), files(96 * MIB, 20_000));
+    let before = in_force(&mut e, &id).await;
+    assert_eq!(
+        (
+            before.oom_score_adj,
+            before.memory_limit_in_bytes,
+            before.cpu_quota
+        ),
+        (want, 96 * MIB, 20_000)
+    );
+
+    // Bad updates: refused naming the field, nothing changes.
+    let mut bad: Vec<(v1::LinuxContainerResources, &str)> = vec![
+        (
+            v1::LinuxContainerResources {
+                cpu_quota: -5,
+                ..Default::default()
+            },
+            "linux.cpu_quota",
+        ),
+        (
+            v1::LinuxContainerResources {
+                cpu_period: 500,
+                memory_limit_in_bytes: 32 * MIB,
+                ..Default::default()
+            },
+            "linux.cpu_period",
+        ),
+        (
+            v1::LinuxContainerResources {
+                memory_limit_in_bytes: -1,
+                ..Default::default()
+            },
+            "linux.memory_limit_in_bytes",
+        ),
+        (
+            v1::LinuxContainerResources {
+                oom_score_adj: 5000,
+                ..Default::default()
+            },
+            "linux.oom_score_adj",
+        ),
+        (
+            v1::LinuxContainerResources {
+                cpuset_cpus: "0-".into(),
+                ..Default::default()
+            },
+            "linux.cpuset_cpus",
+        ),
+    ];
+    if !hugetlb_controller() {
+        // Not silently dropped: a limit this node cannot keep is refused.
+        bad.push((
+            v1::LinuxContainerResources {
+                hugepage_limits: vec![v1::HugepageLimit {
+                    page_size: "2MB".into(),
+                    limit: 4 * MIB as u64,
+                }],
+                ..Default::default()
+            },
+            "linux.hugepage_limits[0]",
+        ));
+    }
+    for (res, field) in bad {
+        let err = e.update(&id, res).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err}");
+        assert!(err.message().starts_with(field), "{field}: {err}");
+        assert_eq!(
+            memory_and_cpu_files(pid),
+            files(96 * MIB, 20_000),
+            "{field}"
+        );
+        assert_eq!(in_force(&mut e, &id).await, before, "{field}");
+        assert!(process_alive(pid), "{field}: the container died");
+    }
+    if hugetlb_controller() {
+        e.update(
+            &id,
+            v1::LinuxContainerResources {
+                hugepage_limits: vec![v1::HugepageLimit {
+                    page_size: "2MB".into(),
+                    limit: 4 * MIB as u64,
+                }],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let file = if cgroup_v2() {
+            "hugetlb.2MB.max"
+        } else {
+            "hugetlb.2MB.limit_in_bytes"
+        };
+        assert_eq!(
+            read_cgroup_file(pid, "hugetlb", file),
+            (4 * MIB).to_string()
+        );
+    } else {
+        crust_tests::skipped("the huge page part: the node has no hugetlb controller");
+    }
+
+    // Still the same process, still answering.
+    assert_eq!(e.pid_of(&id).await, pid);
+    assert_eq!(e.sh(&id, "true").await, 0);
+    e.remove_container(&id).await;
+    e.remove_pod(&pod.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resize_in_place_embedded() {
+    resize_in_place("").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resize_in_place_runc() {
+    skip_unless!(in_path("runc"), "needs runc in PATH");
+    resize_in_place("runc").await;
+}
+
+/// UpdatePodSandboxResources: the pod cgroup (the parent of its
+/// containers' cgroups or scopes) gets the pod's resources plus its
+/// overhead; the containers' own limits stay; bad values are refused by
+/// field with nothing changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_resize_sets_the_pod_cgroup() {
+    let mut e = env("").await;
+    let pod = e.pod("podresize").await;
+    let id = e
+        .run(
+            &pod,
+            e.container(
+                "c",
+                v1::LinuxContainerResources {
+                    memory_limit_in_bytes: 64 * MIB,
+                    cpu_period: 100_000,
+                    cpu_quota: 50_000,
+                    ..Default::default()
+                },
+            ),
+        )
+        .await;
+    let pid = e.pid_of(&id).await;
+    // The pod cgroup's file: the container cgroup's parent dir.
+    let pod_file = |ctrl: &str, file: &str| {
+        let (mount, path) = cgroups_of(pid)
+            .into_iter()
+            .find(|(d, _)| {
+                if cgroup_v2() {
+                    d.is_empty()
+                } else {
+                    d.split(',').any(|c| c == ctrl)
+                }
+            })
+            .unwrap();
+        let dir = cgroup_dir(&mount, &path);
+        let f = dir.parent().unwrap().join(file);
+        std::fs::read_to_string(&f)
+            .unwrap_or_else(|err| panic!("{}: {err}", f.display()))
+            .trim()
+            .to_string()
+    };
+    let (mem_file, quota_of) = if cgroup_v2() {
+        ("memory.max", "cpu.max")
+    } else {
+        ("memory.limit_in_bytes", "cpu.cfs_quota_us")
+    };
+    let quota = |v: String| v.split(' ').next().unwrap().to_string();
+    let resize = |overhead: v1::LinuxContainerResources, resources: v1::LinuxContainerResources| {
+        v1::UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: pod.0.clone(),
+            overhead: Some(overhead),
+            resources: Some(resources),
+        }
+    };
+    let ok = resize(
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 16 * MIB,
+            cpu_period: 100_000,
+            cpu_quota: 10_000,
+            ..Default::default()
+        },
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 256 * MIB,
+            cpu_period: 100_000,
+            cpu_quota: 200_000,
+            ..Default::default()
+        },
+    );
+    e.rt.update_pod_sandbox_resources(ok).await.unwrap();
+    assert_eq!(pod_file("memory", mem_file), (272 * MIB).to_string());
+    assert_eq!(quota(pod_file("cpu", quota_of)), "210000");
+    // The container keeps its own limits.
+    assert_eq!(memory_and_cpu_files(pid).0, (64 * MIB).to_string());
+    assert_eq!(memory_and_cpu_files(pid).1, "50000");
+
+    // A second resize replaces the first.
+    let smaller = resize(
+        v1::LinuxContainerResources::default(),
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 128 * MIB,
+            cpu_period: 100_000,
+            cpu_quota: 100_000,
+            ..Default::default()
+        },
+    );
+    e.rt.update_pod_sandbox_resources(smaller).await.unwrap();
+    assert_eq!(pod_file("memory", mem_file), (128 * MIB).to_string());
+    assert_eq!(quota(pod_file("cpu", quota_of)), "100000");
+
+    for (req, field) in [
+        (
+            resize(
+                v1::LinuxContainerResources {
+                    memory_limit_in_bytes: -1,
+                    ..Default::default()
+                },
+                Default::default(),
+            ),
+            "overhead.memory_limit_in_bytes",
+        ),
+        (
+            resize(
+                Default::default(),
+                v1::LinuxContainerResources {
+                    cpu_quota: -2,
+                    memory_limit_in_bytes: 32 * MIB,
+                    ..Default::default()
+                },
+            ),
+            "resources.cpu_quota",
+        ),
+        (
+            resize(
+                Default::default(),
+                v1::LinuxContainerResources {
+                    oom_score_adj: 100,
+                    ..Default::default()
+                },
+            ),
+            "resources.oom_score_adj",
+        ),
+    ] {
+        let err = e.rt.update_pod_sandbox_resources(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err}");
+        assert!(err.message().starts_with(field), "{field}: {err}");
+        assert_eq!(pod_file("memory", mem_file), (128 * MIB).to_string());
+    }
+    let mut unknown = resize(Default::default(), Default::default());
+    unknown.pod_sandbox_id = "0123456789abcdef".into();
+    let err =
+        e.rt.update_pod_sandbox_resources(unknown)
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err}");
+    assert!(process_alive(pid));
+    e.remove_container(&id).await;
+    e.remove_pod(&pod.0).await;
+}
+
 /// The pid of the monitor of container `id`.
 fn monitor_pid(run_dir: &Path, id: &str) -> i32 {
     let dir = run_dir.to_string_lossy().into_owned();

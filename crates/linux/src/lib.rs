@@ -9,6 +9,9 @@
 //!   [`ns::apply_sysctls`] writes sysctls into them later (after CNI ADD).
 //! - (cgroups are crates/cgroups' business.)
 //! - [`sysctl`] decides which sysctls a pod may set.
+//! - [`netstats`] reads the interface counters inside pods' network
+//!   namespaces; [`procstats`] counts a cgroup's processes, threads and
+//!   open files (stats and metrics).
 //! - [`mounts`] holds the pod's shared `/dev/shm` and containers' overlays;
 //!   [`mountinfo`] reads the mount table.
 //!
@@ -28,9 +31,11 @@ mod error;
 pub mod fs;
 pub mod mountinfo;
 pub mod mounts;
+pub mod netstats;
 pub mod ns;
 pub mod poll;
 pub mod process;
+pub mod procstats;
 pub mod spawn;
 pub mod sysctl;
 

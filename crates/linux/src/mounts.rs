@@ -312,3 +312,29 @@ pub fn disk_usage(dir: &Path) -> (u64, u64) {
     }
     (bytes, inodes)
 }
+
+/// Size and free space of the file system holding `path`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsCapacity {
+    pub bytes_total: u64,
+    pub bytes_available: u64,
+    pub inodes_total: u64,
+    pub inodes_free: u64,
+}
+
+/// statvfs(2) of `path`'s file system (container_fs_limit_bytes and the
+/// inode metrics of writable layers).
+pub fn filesystem_capacity(path: &Path) -> Result<FsCapacity, Error> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| Error::Io {
+        op: "statvfs",
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    let frsize = st.fragment_size() as u64;
+    Ok(FsCapacity {
+        bytes_total: (st.blocks() as u64).saturating_mul(frsize),
+        bytes_available: (st.blocks_available() as u64).saturating_mul(frsize),
+        inodes_total: st.files() as u64,
+        inodes_free: st.files_free() as u64,
+    })
+}

@@ -50,7 +50,7 @@ impl NamespaceKind {
         }
     }
 
-    fn clone_flag(self) -> CloneFlags {
+    pub(crate) fn clone_flag(self) -> CloneFlags {
         match self {
             NamespaceKind::Net => CloneFlags::CLONE_NEWNET,
             NamespaceKind::Ipc => CloneFlags::CLONE_NEWIPC,
@@ -341,7 +341,7 @@ where
 
 /// Runs `f` on a new thread that exits afterwards, so namespace changes
 /// never leak into a thread that runs anything else.
-fn on_helper_thread<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error> {
+pub(crate) fn on_helper_thread<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error> {
     std::thread::scope(|s| {
         std::thread::Builder::new()
             .name("crust-ns".into())

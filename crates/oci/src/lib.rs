@@ -15,7 +15,11 @@
 //!   ContainerStatus.user), [`stop_signal`], [`cgroups_path`],
 //!   [`pod_cgroup_parent`], [`pod_sysctls`] (for the namespace pinning at
 //!   RunPodSandbox), [`default_seccomp_profile`], [`parse_seccomp_profile`],
-//!   and [`libcontainer_compat`] for the embedded runtime.
+//!   and [`libcontainer_compat`] for the embedded runtime;
+//!   [`linux_resources`], [`effective_oom_score_adj`] and
+//!   [`merge_resources`] for UpdateContainerResources (the conversion
+//!   CreateContainer uses too), [`pod_cgroup_resources`] for
+//!   UpdatePodSandboxResources.
 //!
 //! Behaviour follows containerd's CRI plugin unless noted. Deliberate
 //! differences:
@@ -68,6 +72,9 @@ pub use input::{
 };
 pub use mounts::default_mounts;
 pub use process::{DEFAULT_PATH_ENV, process_args, process_cwd, process_env};
+pub use resources::{
+    effective_oom_score_adj, linux_resources, merge_resources, pod_cgroup_resources,
+};
 pub use seccomp::{
     MAX_SECCOMP_PROFILE_BYTES, default_seccomp_profile, parse_seccomp_profile,
     seccomp_architectures,

@@ -84,23 +84,47 @@ fn unified_key(field: &str, k: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// LinuxResources (without devices) for a container.
+/// LinuxResources (without devices) for a container at creation.
 pub(crate) fn container_resources(
     res: Option<&LinuxContainerResources>,
     runtime: &RuntimeFacts,
 ) -> Result<LinuxResources, SpecError> {
+    match res {
+        Some(r) => linux_resources(F, r, runtime),
+        None => Ok(LinuxResources::default()),
+    }
+}
+
+/// The cgroup part of CRI resources as OCI `LinuxResources` (without
+/// devices): the one validated conversion CreateContainer and
+/// UpdateContainerResources share. `field` is where `res` sits in the
+/// request (`config.linux.resources` or `linux`); errors name the field
+/// under it. Zero values mean "not set" (proto3), as in containerd.
+pub fn linux_resources(
+    field: &str,
+    r: &LinuxContainerResources,
+    runtime: &RuntimeFacts,
+) -> Result<LinuxResources, SpecError> {
+    let f = field;
     let mut out = LinuxResources::default();
-    let Some(r) = res else {
-        return Ok(out);
-    };
 
     // CPU
     let mut cpu = LinuxCpu::default();
     let mut any_cpu = false;
     if r.cpu_period < 0 {
         return Err(SpecError::invalid(
-            format!("{F}.cpu_period"),
+            format!("{f}.cpu_period"),
             format!("must not be negative, got {}", r.cpu_period),
+        ));
+    }
+    // The kernel's cfs bounds: 1ms..1s.
+    if r.cpu_period != 0 && !(1_000..=1_000_000).contains(&r.cpu_period) {
+        return Err(SpecError::invalid(
+            format!("{f}.cpu_period"),
+            format!(
+                "must be between 1000 and 1000000 microseconds, got {}",
+                r.cpu_period
+            ),
         ));
     }
     if r.cpu_period != 0 {
@@ -109,8 +133,15 @@ pub(crate) fn container_resources(
     }
     if r.cpu_quota < -1 {
         return Err(SpecError::invalid(
-            format!("{F}.cpu_quota"),
+            format!("{f}.cpu_quota"),
             format!("must be -1 (unlimited) or positive, got {}", r.cpu_quota),
+        ));
+    }
+    // The kernel refuses quotas under 1ms.
+    if r.cpu_quota > 0 && r.cpu_quota < 1_000 {
+        return Err(SpecError::invalid(
+            format!("{f}.cpu_quota"),
+            format!("must be at least 1000 microseconds, got {}", r.cpu_quota),
         ));
     }
     if r.cpu_quota != 0 {
@@ -119,7 +150,7 @@ pub(crate) fn container_resources(
     }
     if r.cpu_shares < 0 {
         return Err(SpecError::invalid(
-            format!("{F}.cpu_shares"),
+            format!("{f}.cpu_shares"),
             format!("must not be negative, got {}", r.cpu_shares),
         ));
     }
@@ -128,12 +159,12 @@ pub(crate) fn container_resources(
         any_cpu = true;
     }
     if !r.cpuset_cpus.is_empty() {
-        cpuset(&format!("{F}.cpuset_cpus"), &r.cpuset_cpus)?;
+        cpuset(&format!("{f}.cpuset_cpus"), &r.cpuset_cpus)?;
         cpu.set_cpus(Some(r.cpuset_cpus.clone()));
         any_cpu = true;
     }
     if !r.cpuset_mems.is_empty() {
-        cpuset(&format!("{F}.cpuset_mems"), &r.cpuset_mems)?;
+        cpuset(&format!("{f}.cpuset_mems"), &r.cpuset_mems)?;
         cpu.set_mems(Some(r.cpuset_mems.clone()));
         any_cpu = true;
     }
@@ -146,19 +177,19 @@ pub(crate) fn container_resources(
     let swap = r.memory_swap_limit_in_bytes;
     if limit < 0 {
         return Err(SpecError::invalid(
-            format!("{F}.memory_limit_in_bytes"),
+            format!("{f}.memory_limit_in_bytes"),
             format!("must not be negative, got {limit}"),
         ));
     }
     if swap < -1 {
         return Err(SpecError::invalid(
-            format!("{F}.memory_swap_limit_in_bytes"),
+            format!("{f}.memory_swap_limit_in_bytes"),
             format!("must be -1 (unlimited), 0 (unset) or positive, got {swap}"),
         ));
     }
     if swap > 0 && limit > 0 && swap < limit {
         return Err(SpecError::invalid(
-            format!("{F}.memory_swap_limit_in_bytes"),
+            format!("{f}.memory_swap_limit_in_bytes"),
             format!("{swap} is less than memory_limit_in_bytes {limit} (it is memory+swap)"),
         ));
     }
@@ -180,18 +211,26 @@ pub(crate) fn container_resources(
         out.set_memory(Some(mem));
     }
 
-    // Hugepages: skipped without the hugetlb controller (containerd's
-    // tolerate_missing_hugetlb_controller default).
+    // Hugepages. Without the hugetlb controller a limit cannot be kept:
+    // a positive one is refused; 0 ("none of this size", which kubelet
+    // sends for every size the node has) is left out, as containerd's
+    // tolerate_missing_hugetlb_controller does.
     if !r.hugepage_limits.is_empty() {
         let mut limits = Vec::new();
         for (i, h) in r.hugepage_limits.iter().enumerate() {
-            page_size(&format!("{F}.hugepage_limits[{i}].page_size"), &h.page_size)?;
+            page_size(&format!("{f}.hugepage_limits[{i}].page_size"), &h.page_size)?;
             let l = i64::try_from(h.limit).map_err(|_| {
                 SpecError::invalid(
-                    format!("{F}.hugepage_limits[{i}].limit"),
+                    format!("{f}.hugepage_limits[{i}].limit"),
                     format!("{} is too large", h.limit),
                 )
             })?;
+            if !runtime.hugetlb_available && l > 0 {
+                return Err(SpecError::unsupported(
+                    format!("{f}.hugepage_limits[{i}]"),
+                    "a huge page limit on a node without the hugetlb cgroup controller",
+                ));
+            }
             let mut hl = LinuxHugepageLimit::default();
             hl.set_page_size(h.page_size.clone());
             hl.set_limit(l);
@@ -206,13 +245,13 @@ pub(crate) fn container_resources(
     if !r.unified.is_empty() {
         if !runtime.cgroup_v2 {
             return Err(SpecError::unsupported(
-                format!("{F}.unified"),
+                format!("{f}.unified"),
                 "unified cgroup resources on a cgroup v1 host",
             ));
         }
         let mut unified = HashMap::new();
         for (k, v) in &r.unified {
-            let field = format!("{F}.unified[{k}]", k = quote_os(&k));
+            let field = format!("{f}.unified[{k}]", k = quote_os(&k));
             unified_key(&field, k)?;
             if v.contains(['\0', '\n']) || v.len() > 4096 {
                 return Err(SpecError::invalid(
@@ -233,16 +272,144 @@ pub(crate) fn oom_score_adj(
     res: Option<&LinuxContainerResources>,
     min: i64,
 ) -> Result<Option<i32>, SpecError> {
-    let Some(r) = res else {
-        return Ok(None);
-    };
+    res.map(|r| effective_oom_score_adj(F, r, min)).transpose()
+}
+
+/// [`oom_score_adj`] of resources at `field` of a request.
+pub fn effective_oom_score_adj(
+    field: &str,
+    r: &LinuxContainerResources,
+    min: i64,
+) -> Result<i32, SpecError> {
     if !(-1000..=1000).contains(&r.oom_score_adj) {
         return Err(SpecError::invalid(
-            format!("{F}.oom_score_adj"),
+            format!("{field}.oom_score_adj"),
             format!("must be between -1000 and 1000, got {}", r.oom_score_adj),
         ));
     }
-    Ok(Some(r.oom_score_adj.max(min.clamp(-1000, 1000)) as i32))
+    Ok(r.oom_score_adj.max(min.clamp(-1000, 1000)) as i32)
+}
+
+/// A container's resources after an update: what the update sets
+/// replaces, what it leaves at zero (proto3's "unset") stays, as
+/// containerd merges an update into the spec. Huge page limits and
+/// `unified` keys are merged by page size and key.
+pub fn merge_resources(
+    current: &LinuxContainerResources,
+    update: &LinuxContainerResources,
+) -> LinuxContainerResources {
+    fn pick<T: PartialEq + Default + Clone>(cur: &T, new: &T) -> T {
+        if *new == T::default() { cur } else { new }.clone()
+    }
+    let mut hugepages = current.hugepage_limits.clone();
+    for h in &update.hugepage_limits {
+        match hugepages.iter_mut().find(|c| c.page_size == h.page_size) {
+            Some(c) => c.limit = h.limit,
+            None => hugepages.push(h.clone()),
+        }
+    }
+    let mut unified = current.unified.clone();
+    unified.extend(update.unified.clone());
+    LinuxContainerResources {
+        cpu_period: pick(&current.cpu_period, &update.cpu_period),
+        cpu_quota: pick(&current.cpu_quota, &update.cpu_quota),
+        cpu_shares: pick(&current.cpu_shares, &update.cpu_shares),
+        memory_limit_in_bytes: pick(
+            &current.memory_limit_in_bytes,
+            &update.memory_limit_in_bytes,
+        ),
+        oom_score_adj: pick(&current.oom_score_adj, &update.oom_score_adj),
+        cpuset_cpus: pick(&current.cpuset_cpus, &update.cpuset_cpus),
+        cpuset_mems: pick(&current.cpuset_mems, &update.cpuset_mems),
+        hugepage_limits: hugepages,
+        unified,
+        memory_swap_limit_in_bytes: pick(
+            &current.memory_swap_limit_in_bytes,
+            &update.memory_swap_limit_in_bytes,
+        ),
+    }
+}
+
+/// What a pod cgroup is set to by UpdatePodSandboxResources: the pod's
+/// resources (what kubelet sums over its containers) plus its overhead,
+/// as kubelet sizes pod cgroups. Both are checked first (errors name
+/// `overhead.<field>` or `resources.<field>`). A pod cgroup has no
+/// oom_score_adj (that is per process, per container): a non-zero one is
+/// refused rather than dropped. Zero fields are "unset" and leave the
+/// cgroup's value as it is.
+pub fn pod_cgroup_resources(
+    overhead: Option<&LinuxContainerResources>,
+    resources: Option<&LinuxContainerResources>,
+    runtime: &RuntimeFacts,
+) -> Result<LinuxContainerResources, SpecError> {
+    let none = LinuxContainerResources::default();
+    let (o, r) = (overhead.unwrap_or(&none), resources.unwrap_or(&none));
+    for (field, x) in [("overhead", o), ("resources", r)] {
+        linux_resources(field, x, runtime)?;
+        if x.oom_score_adj != 0 {
+            return Err(SpecError::invalid(
+                format!("{field}.oom_score_adj"),
+                "a pod cgroup has none (it is set per container by UpdateContainerResources)",
+            ));
+        }
+    }
+    let sum = |a: i64, b: i64| a.saturating_add(b.max(0));
+    // Overhead's quota in the pod's period.
+    let period = if r.cpu_period > 0 {
+        r.cpu_period
+    } else {
+        o.cpu_period
+    };
+    let overhead_quota = match (o.cpu_quota, o.cpu_period) {
+        (q, p) if q > 0 && p > 0 && period > 0 => {
+            (i128::from(q) * i128::from(period) / i128::from(p)) as i64
+        }
+        (q, _) => q.max(0),
+    };
+    let mut hugepages = r.hugepage_limits.clone();
+    for h in &o.hugepage_limits {
+        match hugepages.iter_mut().find(|x| x.page_size == h.page_size) {
+            Some(x) => x.limit = x.limit.saturating_add(h.limit),
+            None => hugepages.push(h.clone()),
+        }
+    }
+    let mut unified = o.unified.clone();
+    unified.extend(r.unified.clone());
+    let combined = LinuxContainerResources {
+        cpu_period: period,
+        cpu_quota: match r.cpu_quota {
+            q if q > 0 => sum(q, overhead_quota),
+            q => q,
+        },
+        cpu_shares: if r.cpu_shares > 0 {
+            sum(r.cpu_shares, o.cpu_shares)
+        } else {
+            0
+        },
+        memory_limit_in_bytes: if r.memory_limit_in_bytes > 0 {
+            sum(r.memory_limit_in_bytes, o.memory_limit_in_bytes)
+        } else {
+            0
+        },
+        memory_swap_limit_in_bytes: match r.memory_swap_limit_in_bytes {
+            s if s > 0 => sum(
+                s,
+                if o.memory_swap_limit_in_bytes > 0 {
+                    o.memory_swap_limit_in_bytes
+                } else {
+                    o.memory_limit_in_bytes
+                },
+            ),
+            s => s,
+        },
+        oom_score_adj: 0,
+        cpuset_cpus: r.cpuset_cpus.clone(),
+        cpuset_mems: r.cpuset_mems.clone(),
+        hugepage_limits: hugepages,
+        unified,
+    };
+    linux_resources("resources", &combined, runtime)?;
+    Ok(combined)
 }
 
 #[cfg(test)]
@@ -441,16 +608,188 @@ mod tests {
         assert_eq!(h[0].page_size(), "2MB");
         assert_eq!(h[0].limit(), 4 << 20);
         assert_eq!(h[1].page_size(), "1GB");
+        // Without the controller: a positive limit is refused, by index;
+        // zeros (what kubelet sends for sizes nobody asked for) are left out.
         let without = RuntimeFacts {
             hugetlb_available: false,
             ..facts()
         };
+        let e = container_resources(Some(&res), &without).unwrap_err();
+        assert_eq!(e.field(), "config.linux.resources.hugepage_limits[0]");
+        assert!(e.to_string().contains("hugetlb"), "{e}");
+        let zeros = LinuxContainerResources {
+            hugepage_limits: vec![HugepageLimit {
+                page_size: "2MB".into(),
+                limit: 0,
+            }],
+            ..Default::default()
+        };
         assert!(
-            container_resources(Some(&res), &without)
+            container_resources(Some(&zeros), &without)
                 .unwrap()
                 .hugepage_limits()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn update_errors_name_the_update_field() {
+        let res = LinuxContainerResources {
+            cpu_quota: -5,
+            ..Default::default()
+        };
+        let e = linux_resources("linux", &res, &facts()).unwrap_err();
+        assert_eq!(e.field(), "linux.cpu_quota");
+        assert!(e.to_string().contains("-5"), "{e}");
+        for (res, field) in [
+            (
+                LinuxContainerResources {
+                    cpu_period: 500,
+                    ..Default::default()
+                },
+                "linux.cpu_period",
+            ),
+            (
+                LinuxContainerResources {
+                    cpu_period: 2_000_000,
+                    ..Default::default()
+                },
+                "linux.cpu_period",
+            ),
+            (
+                LinuxContainerResources {
+                    cpu_quota: 999,
+                    ..Default::default()
+                },
+                "linux.cpu_quota",
+            ),
+            (
+                LinuxContainerResources {
+                    memory_limit_in_bytes: -1,
+                    ..Default::default()
+                },
+                "linux.memory_limit_in_bytes",
+            ),
+        ] {
+            let e = linux_resources("linux", &res, &facts()).unwrap_err();
+            assert_eq!(e.field(), field, "{res:?}");
+        }
+        let bad_oom = LinuxContainerResources {
+            oom_score_adj: 1001,
+            ..Default::default()
+        };
+        let e = effective_oom_score_adj("linux", &bad_oom, -1000).unwrap_err();
+        assert_eq!(e.field(), "linux.oom_score_adj");
+    }
+
+    #[test]
+    fn a_pod_cgroup_gets_its_resources_plus_the_overhead() {
+        let overhead = LinuxContainerResources {
+            memory_limit_in_bytes: 16 << 20,
+            cpu_period: 50_000,
+            cpu_quota: 5_000,
+            cpu_shares: 10,
+            ..Default::default()
+        };
+        let resources = LinuxContainerResources {
+            memory_limit_in_bytes: 256 << 20,
+            cpu_period: 100_000,
+            cpu_quota: 200_000,
+            cpu_shares: 1024,
+            ..Default::default()
+        };
+        let c = pod_cgroup_resources(Some(&overhead), Some(&resources), &facts()).unwrap();
+        assert_eq!(c.memory_limit_in_bytes, 272 << 20);
+        // 5ms per 50ms is 10ms per 100ms.
+        assert_eq!((c.cpu_quota, c.cpu_period), (210_000, 100_000));
+        assert_eq!(c.cpu_shares, 1034);
+        // Unset stays unset; unlimited stays unlimited.
+        let c = pod_cgroup_resources(
+            Some(&overhead),
+            Some(&LinuxContainerResources {
+                cpu_quota: -1,
+                ..Default::default()
+            }),
+            &facts(),
+        )
+        .unwrap();
+        assert_eq!((c.memory_limit_in_bytes, c.cpu_quota), (0, -1));
+        // Errors name the part of the request.
+        for (o, r, field) in [
+            (
+                LinuxContainerResources {
+                    memory_limit_in_bytes: -1,
+                    ..Default::default()
+                },
+                LinuxContainerResources::default(),
+                "overhead.memory_limit_in_bytes",
+            ),
+            (
+                LinuxContainerResources::default(),
+                LinuxContainerResources {
+                    cpu_quota: -3,
+                    ..Default::default()
+                },
+                "resources.cpu_quota",
+            ),
+            (
+                LinuxContainerResources::default(),
+                LinuxContainerResources {
+                    oom_score_adj: 100,
+                    ..Default::default()
+                },
+                "resources.oom_score_adj",
+            ),
+        ] {
+            let e = pod_cgroup_resources(Some(&o), Some(&r), &facts()).unwrap_err();
+            assert_eq!(e.field(), field);
+        }
+    }
+
+    #[test]
+    fn an_update_merges_into_what_is_set() {
+        let current = LinuxContainerResources {
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            cpu_shares: 512,
+            memory_limit_in_bytes: 64 << 20,
+            oom_score_adj: 500,
+            cpuset_cpus: "0".into(),
+            hugepage_limits: vec![HugepageLimit {
+                page_size: "2MB".into(),
+                limit: 2 << 20,
+            }],
+            unified: [("memory.high".to_string(), "1".to_string())].into(),
+            ..Default::default()
+        };
+        let update = LinuxContainerResources {
+            cpu_quota: -1,
+            oom_score_adj: 900,
+            hugepage_limits: vec![
+                HugepageLimit {
+                    page_size: "2MB".into(),
+                    limit: 4 << 20,
+                },
+                HugepageLimit {
+                    page_size: "1GB".into(),
+                    limit: 0,
+                },
+            ],
+            unified: [("memory.low".to_string(), "2".to_string())].into(),
+            ..Default::default()
+        };
+        let m = merge_resources(&current, &update);
+        assert_eq!(m.cpu_quota, -1);
+        assert_eq!(m.cpu_period, 100_000);
+        assert_eq!(m.cpu_shares, 512);
+        assert_eq!(m.memory_limit_in_bytes, 64 << 20, "kept");
+        assert_eq!(m.oom_score_adj, 900);
+        assert_eq!(m.cpuset_cpus, "0");
+        assert_eq!(m.hugepage_limits.len(), 2);
+        assert_eq!(m.hugepage_limits[0].limit, 4 << 20);
+        assert_eq!(m.unified.len(), 2);
+        // Merging nothing changes nothing.
+        assert_eq!(merge_resources(&m, &Default::default()), m);
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// scope (systemd driver), kills its cgroup's processes and removes
     /// the cgroup. Blocking.
     fn kill_orphan(&self, rec: &ContainerRecord);
+    /// Sets the oom_score_adj of every process in the container's cgroup
+    /// (an update: OCI runtimes' `update` has no such field). Blocking.
+    fn set_oom_score_adj(&self, rec: &ContainerRecord, value: i32) -> Result<(), ContainerError>;
     /// The container's cgroup: from its record's cgroupsPath, or (records
     /// of older daemons) its bundle's. None if it never had one.
     fn container_cgroup(&self, rec: &ContainerRecord) -> Option<ContainerCgroup>;
@@ -260,6 +263,39 @@ impl ContainerHost for RealContainerHost {
                 warn!(id = %rec.id, cgroup = %cg.path(), "the container's monitor is gone; cannot kill its processes: {e}")
             }
         }
+    }
+
+    fn set_oom_score_adj(&self, rec: &ContainerRecord, value: i32) -> Result<(), ContainerError> {
+        let cg = self.container_cgroup(rec).ok_or_else(|| {
+            ContainerError::FailedPrecondition(format!(
+                "container {}: its cgroup is unknown",
+                rec.id
+            ))
+        })?;
+        let pids = self
+            .cgroups
+            .fs()
+            .cgroup(cg.path().clone())
+            .pids()
+            .map_err(|e| {
+                ContainerError::Internal(format!("the processes of {}: {e}", cg.path()))
+            })?;
+        for pid in pids {
+            // A process that has just exited is no error. One forked
+            // between the read and the write keeps its parent's old value:
+            // the window is one loop.
+            match std::fs::write(format!("/proc/{pid}/oom_score_adj"), value.to_string()) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(ContainerError::Internal(format!(
+                        "setting oom_score_adj {value} of process {pid}: {e}"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn container_cgroup(&self, rec: &ContainerRecord) -> Option<ContainerCgroup> {

@@ -211,6 +211,18 @@ impl Containers {
         {
             p.set_oom_score_adj(Some(min_oom));
         }
+        // ContainerStatus.resources shows what the process got.
+        if let Some(mut res) = rec.resources()
+            && let Some(v) = built
+                .spec
+                .process()
+                .as_ref()
+                .and_then(|p| p.oom_score_adj())
+            && res.oom_score_adj != i64::from(v)
+        {
+            res.oom_score_adj = i64::from(v);
+            rec.resources = Some(hex::encode(res.encode_to_vec()));
+        }
         rec.cgroups_path = built
             .spec
             .linux()
@@ -551,8 +563,10 @@ impl Containers {
         self.host.reopen_log(&rec.state_dir).await
     }
 
-    /// UpdateContainerResources: applied live through the monitor, then
-    /// recorded for ContainerStatus.
+    /// UpdateContainerResources: validated, merged into the container's
+    /// resources, applied live through the monitor (oom_score_adj by the
+    /// daemon, to every process of the container), then recorded for
+    /// ContainerStatus.
     pub async fn update(
         &self,
         id: &str,
@@ -581,10 +595,30 @@ impl Containers {
             crate::cgroups::check_unified("linux.unified", &res.unified, controllers)
                 .map_err(ContainerError::InvalidArgument)?;
         }
-        let oci = spec::update_resources(&res, &self.facts)?;
+        // The request checked on its own first (errors name what it sent),
+        // then merged into what is set: fields it leaves at zero stay.
+        crust_oci::linux_resources("linux", &res, &self.facts)
+            .map_err(ContainerError::from_spec)?;
+        let oom = (res.oom_score_adj != 0)
+            .then(|| {
+                crust_oci::effective_oom_score_adj("linux", &res, self.facts.min_oom_score_adj)
+            })
+            .transpose()
+            .map_err(ContainerError::from_spec)?;
+        let mut merged = crust_oci::merge_resources(&rec.resources().unwrap_or_default(), &res);
+        if let Some(v) = oom {
+            merged.oom_score_adj = i64::from(v);
+        }
+        let oci = crust_oci::linux_resources("linux", &merged, &self.facts)
+            .map_err(ContainerError::from_spec)?;
+        let oci = serde_json::to_value(&oci).map_err(ContainerError::internal)?;
         self.host.update(&rec.state_dir, &oci).await?;
+        if let Some(v) = oom {
+            let (host, r) = (self.host.clone(), rec.clone());
+            blocking(move || host.set_oom_score_adj(&r, v)).await?;
+        }
         crash::point("container.update.applied");
-        rec.resources = Some(hex::encode(res.encode_to_vec()));
+        rec.resources = Some(hex::encode(merged.encode_to_vec()));
         self.store_put(&rec).await?;
         entry.set(rec);
         Ok(())

@@ -1,12 +1,10 @@
 //! The OCI spec of a new container (through `crust_oci`, from the request,
-//! the pod, the image and the node), and the OCI resources of an update.
-//! (Create's resources come from `crust_oci::container_spec`, an update's
-//! from [`update_resources`]: the two are to become one validated path,
-//! which UpdatePodSandboxResources will share.)
+//! the pod, the image and the node). An update's resources go through the
+//! same conversion (`crust_oci::linux_resources`, in `lifecycle.rs`).
 
 use std::path::PathBuf;
 
-use crust_api::v1::{ContainerConfig, LinuxContainerResources};
+use crust_api::v1::ContainerConfig;
 use crust_oci::{RuntimeFacts, SpecInput};
 
 use super::PodView;
@@ -73,57 +71,4 @@ pub fn build(p: &Parts<'_>, host: &dyn crust_oci::Host) -> Result<Built, Contain
         user: (user.uid, user.gid, user.additional_gids),
         stop_signal,
     })
-}
-
-/// The OCI `LinuxResources` JSON of CRI resources (through the spec crate,
-/// so updates get exactly what creation would).
-pub fn update_resources(
-    res: &LinuxContainerResources,
-    facts: &RuntimeFacts,
-) -> Result<serde_json::Value, ContainerError> {
-    let mut v = serde_json::Map::new();
-    let mut cpu = serde_json::Map::new();
-    if res.cpu_shares > 0 {
-        cpu.insert("shares".into(), res.cpu_shares.into());
-    }
-    if res.cpu_quota != 0 {
-        cpu.insert("quota".into(), res.cpu_quota.into());
-    }
-    if res.cpu_period > 0 {
-        cpu.insert("period".into(), res.cpu_period.into());
-    }
-    if !res.cpuset_cpus.is_empty() {
-        cpu.insert("cpus".into(), res.cpuset_cpus.clone().into());
-    }
-    if !res.cpuset_mems.is_empty() {
-        cpu.insert("mems".into(), res.cpuset_mems.clone().into());
-    }
-    if !cpu.is_empty() {
-        v.insert("cpu".into(), cpu.into());
-    }
-    let mut mem = serde_json::Map::new();
-    if res.memory_limit_in_bytes > 0 {
-        mem.insert("limit".into(), res.memory_limit_in_bytes.into());
-        if facts.swap_available && res.memory_swap_limit_in_bytes == 0 {
-            mem.insert("swap".into(), res.memory_limit_in_bytes.into());
-        }
-    }
-    if res.memory_swap_limit_in_bytes > 0 && facts.swap_available {
-        mem.insert("swap".into(), res.memory_swap_limit_in_bytes.into());
-    }
-    if !mem.is_empty() {
-        v.insert("memory".into(), mem.into());
-    }
-    if !res.unified.is_empty() {
-        if !facts.cgroup_v2 {
-            return Err(ContainerError::InvalidArgument(
-                "linux.unified: needs cgroup v2, this node uses v1".into(),
-            ));
-        }
-        v.insert(
-            "unified".into(),
-            serde_json::to_value(&res.unified).map_err(ContainerError::internal)?,
-        );
-    }
-    Ok(v.into())
 }

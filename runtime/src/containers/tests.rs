@@ -507,6 +507,79 @@ async fn resource_updates_apply_live_and_are_recorded() {
         .await
         .unwrap_err();
     assert!(matches!(err, ContainerError::InvalidArgument(m) if m.starts_with("linux.unified")));
+
+    // A later update merges into what is set: the memory limit stays, the
+    // CPU fields join it, and what goes to the runtime is the whole set.
+    let cpu = LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 20_000,
+        oom_score_adj: 700,
+        ..Default::default()
+    };
+    rig.lifecycle
+        .update_container(&id, Some(cpu))
+        .await
+        .unwrap();
+    let now = rig.containers.get(&id).unwrap().resources().unwrap();
+    assert_eq!(
+        (
+            now.memory_limit_in_bytes,
+            now.cpu_quota,
+            now.cpu_period,
+            now.oom_score_adj
+        ),
+        (64 << 20, 20_000, 100_000, 700)
+    );
+    let (_, oci) = rig.container_host.updates().pop().unwrap();
+    assert_eq!(oci["memory"]["limit"].as_i64(), Some(64 << 20), "{oci}");
+    assert_eq!(oci["cpu"]["quota"].as_i64(), Some(20_000), "{oci}");
+    // oom_score_adj is the daemon's to set (runtimes' update has none).
+    assert_eq!(
+        rig.journal.count(|e| *e
+            == Effect::OomScoreAdj {
+                id: id.clone(),
+                value: 700
+            }),
+        1
+    );
+
+    // Bad values are refused naming the field; nothing is applied or kept.
+    let updates = rig.container_host.updates().len();
+    for (bad, field) in [
+        (
+            LinuxContainerResources {
+                cpu_quota: -7,
+                ..Default::default()
+            },
+            "linux.cpu_quota",
+        ),
+        (
+            LinuxContainerResources {
+                oom_score_adj: 2000,
+                ..Default::default()
+            },
+            "linux.oom_score_adj",
+        ),
+        (
+            LinuxContainerResources {
+                memory_swap_limit_in_bytes: 1 << 20,
+                ..Default::default()
+            },
+            "linux.memory_swap_limit_in_bytes",
+        ),
+    ] {
+        let err = rig
+            .lifecycle
+            .update_container(&id, Some(bad))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ContainerError::InvalidArgument(m) if m.starts_with(field)),
+            "{err}"
+        );
+    }
+    assert_eq!(rig.container_host.updates().len(), updates);
+    assert_eq!(rig.containers.get(&id).unwrap().resources().unwrap(), now);
     rig.lifecycle.stop_container(&id, 0).await.unwrap();
     let exited = rig
         .lifecycle
@@ -514,7 +587,7 @@ async fn resource_updates_apply_live_and_are_recorded() {
         .await
         .unwrap_err();
     assert!(matches!(exited, ContainerError::FailedPrecondition(_)));
-    assert_eq!(rig.journal.count(|e| matches!(e, Effect::Update(_))), 1);
+    assert_eq!(rig.journal.count(|e| matches!(e, Effect::Update(_))), 2);
 }
 
 #[tokio::test]

@@ -328,6 +328,14 @@ impl ContainerHost for FakeContainerHost {
         self.journal.push(Effect::KillOrphan(rec.id.clone()));
     }
 
+    fn set_oom_score_adj(&self, rec: &ContainerRecord, value: i32) -> Result<(), ContainerError> {
+        self.journal.push(Effect::OomScoreAdj {
+            id: rec.id.clone(),
+            value,
+        });
+        Ok(())
+    }
+
     fn container_cgroup(&self, rec: &ContainerRecord) -> Option<ContainerCgroup> {
         ContainerCgroup::parse(rec.cgroups_path.as_deref()?).ok()
     }

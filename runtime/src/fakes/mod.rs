@@ -29,6 +29,8 @@ pub enum Effect {
     CreateDir(PathBuf),
     PinNamespaces(PathBuf),
     CreateCgroup(PathBuf),
+    /// A pod cgroup's new limits: memory, CPU quota.
+    UpdateCgroup(PathBuf, i64, i64),
     MountShm(PathBuf),
     WriteFile(PathBuf),
     ApplySysctls(String),
@@ -47,8 +49,16 @@ pub enum Effect {
     PrepareRootfs(String),
     Launch(String),
     Start(String),
-    Kill { id: String, signal: i32, all: bool },
+    Kill {
+        id: String,
+        signal: i32,
+        all: bool,
+    },
     Update(String),
+    OomScoreAdj {
+        id: String,
+        value: i32,
+    },
     ReopenLog(String),
     ExecSync(String),
     ReapMonitor(String),

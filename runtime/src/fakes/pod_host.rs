@@ -202,6 +202,29 @@ impl PodHost for FakePodHost {
         Ok(())
     }
 
+    fn runtime_facts(&self) -> &crust_oci::RuntimeFacts {
+        static FACTS: std::sync::OnceLock<crust_oci::RuntimeFacts> = std::sync::OnceLock::new();
+        FACTS.get_or_init(|| crust_oci::RuntimeFacts {
+            cgroup_v2: false,
+            hugetlb_available: false,
+            ..Default::default()
+        })
+    }
+
+    fn update_cgroup(
+        &self,
+        path: &Path,
+        _slice: Option<&PodSlice>,
+        resources: &crust_api::v1::LinuxContainerResources,
+    ) -> Result<(), PodError> {
+        self.journal.push(Effect::UpdateCgroup(
+            path.into(),
+            resources.memory_limit_in_bytes,
+            resources.cpu_quota,
+        ));
+        Ok(())
+    }
+
     fn mount_shm(&self, path: &Path) -> Result<(), PodError> {
         self.journal.push(Effect::MountShm(path.into()));
         self.state().shm.insert(path.into());

@@ -312,6 +312,43 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// UpdatePodSandboxResources: plugins hear of it first (they may
+    /// refuse it), then the pod cgroup follows; the pod's containers are
+    /// not touched (kubelet resizes them with UpdateContainerResources).
+    pub async fn update_pod_resources(
+        &self,
+        id: &str,
+        overhead: Option<LinuxContainerResources>,
+        resources: Option<LinuxContainerResources>,
+    ) -> Result<(), PodError> {
+        let Some(op) = self.pods.begin(id).await? else {
+            return Err(PodError::NotFound(format!("pod sandbox {id:?} not found")));
+        };
+        let pod = op.entry().snapshot();
+        let shown = self.nri.has_plugins().then(|| pod_sandbox(&pod));
+        if let Some(p) = &shown {
+            self.nri
+                .update_pod_sandbox(|| {
+                    (
+                        p.clone(),
+                        overhead.as_ref().map(nri_types::resources_from_cri),
+                        resources.as_ref().map(nri_types::resources_from_cri),
+                    )
+                })
+                .await
+                .map_err(nri::pod_error)?;
+        }
+        self.pods
+            .update_resources(&op, overhead.as_ref(), resources.as_ref())
+            .await?;
+        if let Some(p) = shown
+            && let Err(e) = self.nri.post_update_pod_sandbox(|| p).await
+        {
+            warn!(pod = %pod.id, "NRI PostUpdatePodSandbox: {e}");
+        }
+        Ok(())
+    }
+
     /// UpdateContainerResources. Plugins see the resources asked for and
     /// may change them (and ask for updates of other containers); what
     /// they return is applied.

@@ -161,6 +161,74 @@ async fn a_container_joins_its_pods_namespaces_and_cgroup() {
 }
 
 #[tokio::test]
+async fn a_pod_resize_sets_the_pod_cgroup_to_resources_plus_overhead() {
+    let rig = Rig::new().await;
+    let (pod, containers) = pod_with_two_running(&rig).await;
+    let rec = rig.pods.get(&pod).unwrap();
+    let resources = LinuxContainerResources {
+        memory_limit_in_bytes: 256 << 20,
+        cpu_period: 100_000,
+        cpu_quota: 150_000,
+        ..Default::default()
+    };
+    let overhead = LinuxContainerResources {
+        memory_limit_in_bytes: 16 << 20,
+        ..Default::default()
+    };
+    rig.lifecycle
+        .update_pod_resources(&pod, Some(overhead), Some(resources.clone()))
+        .await
+        .unwrap();
+    let updates: Vec<_> = rig
+        .journal
+        .effects()
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::UpdateCgroup(p, m, q) => Some((p, m, q)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].0, rec.cgroup_path);
+    assert_eq!((updates[0].1, updates[0].2), (272 << 20, 150_000));
+    // Its containers are kubelet's to resize.
+    assert_eq!(rig.journal.count(|e| matches!(e, Effect::Update(_))), 0);
+    assert_eq!(containers.len(), 2);
+
+    // Bad values: refused by field, nothing written.
+    let bad = LinuxContainerResources {
+        cpu_quota: -4,
+        ..Default::default()
+    };
+    let err = rig
+        .lifecycle
+        .update_pod_resources(&pod, None, Some(bad))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PodError::InvalidArgument(m) if m.starts_with("resources.cpu_quota")),
+        "{err}"
+    );
+    let err = rig
+        .lifecycle
+        .update_pod_resources("nope", None, Some(resources.clone()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PodError::NotFound(_)), "{err}");
+    rig.lifecycle.stop_pod(&pod).await.unwrap();
+    let err = rig
+        .lifecycle
+        .update_pod_resources(&pod, None, Some(resources))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PodError::FailedPrecondition(_)), "{err}");
+    assert_eq!(
+        rig.journal.count(|e| matches!(e, Effect::UpdateCgroup(..))),
+        1
+    );
+}
+
+#[tokio::test]
 async fn a_removed_containers_stats_sample_is_dropped() {
     let rig = Rig::new().await;
     let (pod, ids) = pod_with_two_running(&rig).await;

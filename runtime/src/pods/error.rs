@@ -18,6 +18,9 @@ pub enum PodError {
     /// A mode crust does not support yet.
     #[error("{0}")]
     Unimplemented(String),
+    /// The pod is not in a state for it (not ready).
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// The node is not ready for it (no CNI network config).
     #[error("{0}")]
     Unavailable(String),
@@ -71,6 +74,7 @@ impl PodError {
             PodError::AlreadyExists(m) => PodError::AlreadyExists(wrap(m)),
             PodError::Unimplemented(m) => PodError::Unimplemented(wrap(m)),
             PodError::Unavailable(m) => PodError::Unavailable(wrap(m)),
+            PodError::FailedPrecondition(m) => PodError::FailedPrecondition(wrap(m)),
             PodError::Internal(m) => PodError::Internal(wrap(m)),
         }
     }

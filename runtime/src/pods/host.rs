@@ -12,6 +12,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crust_api::v1::LinuxContainerResources;
 use crust_cgroups::{CgroupPath, Controllers};
 use crust_linux::mounts;
 use crust_linux::ns::{self, PinOptions, PinnedNamespaces};
@@ -68,6 +69,17 @@ pub trait PodHost: Send + Sync + 'static {
     /// Makes the pod's cgroup: its slice (systemd driver), or a cgroup
     /// delegating its controllers to its children.
     fn create_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError>;
+    /// What the node offers OCI specs and cgroup limits (v2, swap, huge
+    /// pages...).
+    fn runtime_facts(&self) -> &RuntimeFacts;
+    /// Sets the pod cgroup's limits to `resources` (converted as a
+    /// container's are). Blocking.
+    fn update_cgroup(
+        &self,
+        path: &Path,
+        slice: Option<&PodSlice>,
+        resources: &LinuxContainerResources,
+    ) -> Result<(), PodError>;
     fn mount_shm(&self, path: &Path) -> Result<(), PodError>;
     /// Writes a pod file (never through a symlink; an existing file keeps
     /// its inode, which containers bind-mount).
@@ -244,6 +256,23 @@ impl PodHost for RealPodHost {
         self.cgroups
             .create_pod(&cgroup_path(path)?, slice)
             .map_err(|e| PodError::cgroup("creating the pod cgroup", e))
+    }
+
+    fn runtime_facts(&self) -> &RuntimeFacts {
+        &self.runtime_facts
+    }
+
+    fn update_cgroup(
+        &self,
+        path: &Path,
+        slice: Option<&PodSlice>,
+        resources: &LinuxContainerResources,
+    ) -> Result<(), PodError> {
+        let oci = crust_oci::linux_resources("resources", resources, &self.runtime_facts)
+            .map_err(|e| PodError::InvalidArgument(e.to_string()))?;
+        self.cgroups
+            .update_pod(&cgroup_path(path)?, slice, &oci)
+            .map_err(|e| PodError::cgroup("updating the pod cgroup", e))
     }
 
     fn mount_shm(&self, path: &Path) -> Result<(), PodError> {

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use crust_api::v1::LinuxContainerResources;
 use crust_linux::ns::{self, NamespaceKind, PinOptions};
 use crust_network::config::NetworkConfigList;
 use crust_network::{Attachment, DEFAULT_IFNAME, RuntimeCapabilities};
@@ -170,6 +171,33 @@ impl Pods {
             entry.set(rec);
         }
         Ok(())
+    }
+
+    /// UpdatePodSandboxResources' own part: the pod cgroup gets the pod's
+    /// resources plus its overhead (as kubelet sizes it); its containers'
+    /// cgroups are not touched. Only a ready pod's.
+    pub async fn update_resources(
+        &self,
+        op: &PodOp,
+        overhead: Option<&LinuxContainerResources>,
+        resources: Option<&LinuxContainerResources>,
+    ) -> Result<(), PodError> {
+        let rec = op.entry().snapshot();
+        if rec.state != PodState::Ready {
+            return Err(PodError::FailedPrecondition(format!(
+                "pod sandbox {} is not ready",
+                rec.id
+            )));
+        }
+        let combined =
+            crust_oci::pod_cgroup_resources(overhead, resources, self.host.runtime_facts())
+                .map_err(|e| PodError::InvalidArgument(e.to_string()))?;
+        let host = self.host.clone();
+        tokio::task::spawn_blocking(move || {
+            host.update_cgroup(&rec.cgroup_path, rec.slice.as_ref(), &combined)
+        })
+        .await
+        .map_err(|e| PodError::Internal(e.to_string()))?
     }
 
     /// RemovePodSandbox's own part, once the pod's containers are removed

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, bounds, container_error, detached, map, pod_error};
+use super::{Cri, bounds, container_error, detached, map};
 use crate::containers::{ContainerRecord, ContainerState as CState, ImageRequest};
 
 fn state_of(s: CState) -> ContainerState {
@@ -234,13 +234,10 @@ impl Cri {
             bounds::resources("linux", r)?;
         }
         bounds::annotations("annotations", &req.annotations)?;
-        if let Some(r) = req.linux.as_ref().filter(|r| !r.unified.is_empty()) {
-            let controllers = self.unified_controllers(&req.container_id)?;
-            // Never a path, `..` or a `cgroup.*` core file; only files of
-            // the cgroup's controllers: checked before anything is written.
-            crust_cgroups::validate_unified(&r.unified, controllers)
-                .map_err(|e| Status::invalid_argument(format!("linux.unified: {e}")))?;
-        }
+        // Values and `unified` keys (never a path, `..` or a `cgroup.*`
+        // core file; only files of the cgroup's controllers) are checked by
+        // `Containers::update` before anything is written: the one place
+        // NRI plugins' updates also go through.
         let d = self.daemon.clone();
         detached(
             async move {
@@ -252,29 +249,6 @@ impl Cri {
         )
         .await?;
         Ok(Response::new(UpdateContainerResourcesResponse {}))
-    }
-
-    /// The controllers a container's `unified` keys may name: on cgroup
-    /// v2 those its cgroup has (the pod cgroup's `cgroup.subtree_control`);
-    /// elsewhere every v2 controller, for the shape checks (the update
-    /// then refuses `unified` as needing v2).
-    fn unified_controllers(
-        &self,
-        container_id: &str,
-    ) -> Result<crust_cgroups::Controllers, Status> {
-        use crust_cgroups::{CgroupFs, CgroupPath, Controller, Controllers};
-        let every = || Controller::ALL.into_iter().collect::<Controllers>();
-        if !self.daemon.cgroup_hierarchy.is_unified() {
-            return Ok(every());
-        }
-        // An unknown container is refused NotFound by the update itself.
-        let Ok(rec) = self.daemon.containers.get(container_id) else {
-            return Ok(every());
-        };
-        let pod = self.daemon.pods.get(&rec.pod_id).map_err(pod_error)?;
-        CgroupPath::from_path(&pod.cgroup_path)
-            .and_then(|path| CgroupFs::detect()?.subtree_controllers(&path))
-            .map_err(|e| Status::internal(format!("the pod's cgroup controllers: {e}")))
     }
 
     pub(super) async fn reopen_container_log_impl(

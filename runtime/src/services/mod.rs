@@ -9,6 +9,7 @@ pub(crate) mod bounds;
 mod container;
 mod events;
 mod image;
+mod metrics;
 mod pod;
 mod runtime;
 mod stats;
@@ -106,6 +107,7 @@ fn pod_error(e: PodError) -> Status {
         PodError::AlreadyExists(m) => status(Code::AlreadyExists, m),
         PodError::Unimplemented(m) => status(Code::Unimplemented, m),
         PodError::Unavailable(m) => status(Code::Unavailable, m),
+        PodError::FailedPrecondition(m) => status(Code::FailedPrecondition, m),
         PodError::Internal(m) => status(Code::Internal, m),
     }
 }

@@ -47,6 +47,30 @@ impl Cri {
         Ok(Response::new(RemovePodSandboxResponse {}))
     }
 
+    pub(super) async fn update_pod_sandbox_resources_impl(
+        &self,
+        req: Request<UpdatePodSandboxResourcesRequest>,
+    ) -> Result<Response<UpdatePodSandboxResourcesResponse>, Status> {
+        let req = req.into_inner();
+        bounds::id("pod_sandbox_id", &req.pod_sandbox_id)?;
+        for (field, r) in [("overhead", &req.overhead), ("resources", &req.resources)] {
+            if let Some(r) = r {
+                bounds::resources(field, r)?;
+            }
+        }
+        let d = self.daemon.clone();
+        detached(
+            async move {
+                d.lifecycle
+                    .update_pod_resources(&req.pod_sandbox_id, req.overhead, req.resources)
+                    .await
+            },
+            pod_error,
+        )
+        .await?;
+        Ok(Response::new(UpdatePodSandboxResourcesResponse {}))
+    }
+
     pub(super) async fn pod_sandbox_status_impl(
         &self,
         req: Request<PodSandboxStatusRequest>,

@@ -346,32 +346,32 @@ impl RuntimeService for Cri {
 
     async fn list_metric_descriptors(
         &self,
-        _req: Request<ListMetricDescriptorsRequest>,
+        req: Request<ListMetricDescriptorsRequest>,
     ) -> Result<Response<ListMetricDescriptorsResponse>, Status> {
-        not_yet!("ListMetricDescriptors")
+        self.list_metric_descriptors_impl(req).await
     }
 
     async fn list_pod_sandbox_metrics(
         &self,
-        _req: Request<ListPodSandboxMetricsRequest>,
+        req: Request<ListPodSandboxMetricsRequest>,
     ) -> Result<Response<ListPodSandboxMetricsResponse>, Status> {
-        not_yet!("ListPodSandboxMetrics")
+        self.list_pod_sandbox_metrics_impl(req).await
     }
 
     type StreamPodSandboxMetricsStream = ResponseStream<StreamPodSandboxMetricsResponse>;
 
     async fn stream_pod_sandbox_metrics(
         &self,
-        _req: Request<StreamPodSandboxMetricsRequest>,
+        req: Request<StreamPodSandboxMetricsRequest>,
     ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
-        not_yet!("StreamPodSandboxMetrics")
+        self.stream_pod_sandbox_metrics_impl(req).await
     }
 
     async fn update_pod_sandbox_resources(
         &self,
-        _req: Request<UpdatePodSandboxResourcesRequest>,
+        req: Request<UpdatePodSandboxResourcesRequest>,
     ) -> Result<Response<UpdatePodSandboxResourcesResponse>, Status> {
-        not_yet!("UpdatePodSandboxResources")
+        self.update_pod_sandbox_resources_impl(req).await
     }
 }
 

@@ -2,14 +2,17 @@
 //! ListPodSandboxStats. Translation of `crate::stats` readings.
 
 use crust_api::v1::*;
+use crust_cgroups::stats::{Pressure, PressureLine};
 use tonic::{Request, Response, Status};
 
 use super::container::{labels_match, metadata};
 use super::{Cri, container_error, internal, map, pod_error};
 use crate::clock::now_ns;
 use crate::containers::{ContainerRecord, ContainerState as CState};
+use crate::metrics;
 use crate::pods::{ListFilter, PodRecord, PodState};
 use crate::stats::{self, Usage};
+use crust_linux::netstats::InterfaceStats;
 
 impl Cri {
     /// Blocking: reads the cgroup and walks the writable layer.
@@ -47,9 +50,10 @@ impl Cri {
         let Some(cg) = d.containers.cgroup_of(rec) else {
             return stats;
         };
-        let (cpu, memory) = usage_messages(d.stats.usage(cg.path(), &rec.id, now));
+        let (cpu, memory, io) = usage_messages(d.stats.usage(cg.path(), &rec.id, now));
         stats.cpu = cpu;
         stats.memory = memory;
+        stats.io = io;
         stats
     }
 
@@ -93,8 +97,13 @@ impl Cri {
         Ok(Response::new(ListContainerStatsResponse { stats }))
     }
 
-    /// Blocking, as [`Cri::stats_of`].
-    fn pod_stats_of(&self, pod: &PodRecord) -> PodSandboxStats {
+    /// Blocking, as [`Cri::stats_of`]. `network`: the interfaces of the
+    /// pod's network namespace (see [`metrics::read_networks`]).
+    fn pod_stats_of(
+        &self,
+        pod: &PodRecord,
+        network: Option<Vec<InterfaceStats>>,
+    ) -> PodSandboxStats {
         let now = now_ns();
         let containers: Vec<ContainerStats> = self
             .daemon
@@ -104,8 +113,12 @@ impl Cri {
             .filter(|r| r.pod_id == pod.id && r.state == CState::Running)
             .map(|r| self.stats_of(r))
             .collect();
-        let (cpu, memory) =
-            usage_messages(self.daemon.stats.usage_at(&pod.cgroup_path, &pod.id, now));
+        let pod_cgroup = crust_cgroups::CgroupPath::from_path(&pod.cgroup_path).ok();
+        let (cpu, memory, io) = usage_messages(
+            pod_cgroup
+                .as_ref()
+                .and_then(|p| self.daemon.stats.usage(p, &pod.id, now)),
+        );
         PodSandboxStats {
             attributes: Some(PodSandboxAttributes {
                 id: pod.id.clone(),
@@ -121,10 +134,18 @@ impl Cri {
             linux: Some(LinuxPodSandboxStats {
                 cpu,
                 memory,
-                network: None,
-                process: None,
+                network: network.map(|n| network_usage(&n, now)),
+                process: Some(ProcessUsage {
+                    timestamp: now,
+                    process_count: Some(UInt64Value {
+                        value: pod_cgroup
+                            .as_ref()
+                            .map_or(0, |p| self.daemon.stats.pids(p).len())
+                            as u64,
+                    }),
+                }),
                 containers,
-                io: None,
+                io,
             }),
             windows: None,
         }
@@ -137,9 +158,12 @@ impl Cri {
         let id = req.into_inner().pod_sandbox_id;
         let pod = self.daemon.pods.get(&id).map_err(pod_error)?;
         let this = self.clone();
-        let stats = tokio::task::spawn_blocking(move || this.pod_stats_of(&pod))
-            .await
-            .map_err(internal)?;
+        let stats = tokio::task::spawn_blocking(move || {
+            let network = metrics::read_networks(&[netns(&pod)]).pop().flatten();
+            this.pod_stats_of(&pod, network)
+        })
+        .await
+        .map_err(internal)?;
         Ok(Response::new(PodSandboxStatsResponse {
             stats: Some(stats),
         }))
@@ -163,8 +187,12 @@ impl Cri {
             .collect();
         let this = self.clone();
         let stats = tokio::task::spawn_blocking(move || {
+            // One namespace-visiting thread for all pods.
+            let netns: Vec<_> = pods.iter().map(netns).collect();
+            let networks = metrics::read_networks(&netns);
             pods.iter()
-                .map(|p| this.pod_stats_of(p))
+                .zip(networks)
+                .map(|(p, n)| this.pod_stats_of(p, n))
                 .collect::<Vec<_>>()
         })
         .await
@@ -173,17 +201,61 @@ impl Cri {
     }
 }
 
-/// CRI's CPU and memory messages of a cgroup reading (none without one).
-fn usage_messages(usage: Option<Usage>) -> (Option<CpuUsage>, Option<MemoryUsage>) {
-    let Some(u) = usage else {
-        return (None, None);
+/// The network namespace whose counters are the pod's: none for
+/// host-network pods (their traffic is the node's).
+fn netns(pod: &PodRecord) -> Option<&std::path::Path> {
+    if pod.host_network {
+        None
+    } else {
+        pod.namespaces.net.as_deref()
+    }
+}
+
+/// CRI's NetworkUsage: every interface but `lo`, `eth0` as the default.
+fn network_usage(ifaces: &[InterfaceStats], now: i64) -> NetworkUsage {
+    let usage = |i: &InterfaceStats| NetworkInterfaceUsage {
+        name: i.name.clone(),
+        rx_bytes: Some(UInt64Value { value: i.rx_bytes }),
+        rx_errors: Some(UInt64Value { value: i.rx_errors }),
+        tx_bytes: Some(UInt64Value { value: i.tx_bytes }),
+        tx_errors: Some(UInt64Value { value: i.tx_errors }),
     };
+    NetworkUsage {
+        timestamp: now,
+        default_interface: metrics::default_interface(ifaces).map(usage),
+        interfaces: ifaces.iter().map(usage).collect(),
+    }
+}
+
+/// CRI's PSI message of one pressure file.
+fn psi(p: Option<Pressure>) -> Option<PsiStats> {
+    let data = |l: PressureLine| PsiData {
+        total: l.total_us,
+        avg10: l.avg10,
+        avg60: l.avg60,
+        avg300: l.avg300,
+    };
+    p.map(|p| PsiStats {
+        full: p.full.map(data),
+        some: Some(data(p.some)),
+    })
+}
+
+/// CRI's CPU, memory and IO messages of a cgroup reading (none without
+/// one; IO only carries PSI, so it is there only where PSI is).
+fn usage_messages(
+    usage: Option<Usage>,
+) -> (Option<CpuUsage>, Option<MemoryUsage>, Option<IoUsage>) {
+    let Some(u) = usage else {
+        return (None, None, None);
+    };
+    let pressure = u.psi.unwrap_or_default();
     let v = |value: u64| Some(UInt64Value { value });
     let cpu = CpuUsage {
         timestamp: u.timestamp,
         usage_core_nano_seconds: v(u.cpu_usage_ns),
         usage_nano_cores: u.cpu_nano_cores.and_then(v),
-        psi: None,
+        psi: psi(pressure.cpu),
     };
     let memory = MemoryUsage {
         timestamp: u.timestamp,
@@ -193,7 +265,11 @@ fn usage_messages(usage: Option<Usage>) -> (Option<CpuUsage>, Option<MemoryUsage
         rss_bytes: u.memory_rss_bytes.and_then(v),
         page_faults: u.page_faults.and_then(v),
         major_page_faults: u.major_page_faults.and_then(v),
-        psi: None,
+        psi: psi(pressure.memory),
     };
-    (Some(cpu), Some(memory))
+    let io = pressure.io.map(|p| IoUsage {
+        timestamp: u.timestamp,
+        psi: psi(Some(p)),
+    });
+    (Some(cpu), Some(memory), io)
 }
