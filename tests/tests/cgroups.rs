@@ -7,7 +7,7 @@
 //! and removed pods leave no cgroup or slice.
 //!
 //! Tests that need what this machine lacks (systemd, cgroup v2, runc)
-//! print `SKIPPED: <test>: <reason>` and are counted as skipped by
+//! start with `require!` and are counted as skipped, with the reason, by
 //! `make test`'s summary.
 
 use std::path::{Path, PathBuf};
@@ -17,42 +17,16 @@ use crust_tests::crust_api::v1;
 use crust_tests::registry::*;
 use crust_tests::tonic::Code;
 use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, process_alive};
+use crust_tests::{Daemon, Need, process_alive, require};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
-const DRIVER_ENV: &str = "CRUST_TEST_CGROUP_DRIVER";
-
 fn systemd_driver() -> bool {
-    std::env::var(DRIVER_ENV).is_ok_and(|v| v == "systemd")
+    crust_tests::cgroup_driver() == "systemd"
 }
 
 fn cgroup_v2() -> bool {
-    nix::sys::statfs::statfs("/sys/fs/cgroup")
-        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
-}
-
-fn in_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-}
-
-/// Reports the running test as skipped (one line past libtest's capture,
-/// which `make test`'s summary counts) and returns from it.
-macro_rules! skip_unless {
-    ($cond:expr, $why:expr) => {
-        if !$cond {
-            use std::io::Write;
-            let thread = std::thread::current();
-            let line = format!(
-                "SKIPPED: {}: {}\n",
-                thread.name().unwrap_or("<unnamed test>"),
-                $why
-            );
-            let _ = std::io::stderr().lock().write_all(line.as_bytes());
-            return;
-        }
-    };
+    crust_tests::require(Need::CgroupV2).is_none()
 }
 
 fn test_image() -> TestImage {
@@ -581,7 +555,7 @@ async fn limits_stats_update_and_removal_embedded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn limits_stats_update_and_removal_runc() {
-    skip_unless!(in_path("runc"), "needs runc in PATH");
+    require!(Need::Runc);
     limits_stats_update_and_removal("runc").await;
 }
 
@@ -659,7 +633,7 @@ async fn a_killed_monitor_leaves_nothing_embedded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_monitor_leaves_nothing_runc() {
-    skip_unless!(in_path("runc"), "needs runc in PATH");
+    require!(Need::Runc);
     a_killed_monitor_leaves_nothing("runc").await;
 }
 
