@@ -241,6 +241,26 @@ impl NodeCgroups {
         Ok(existed)
     }
 
+    /// Writes `unified` keys into a container's cgroup files (v2), as runc
+    /// does after its systemd or cgroupfs manager has set the rest: with
+    /// the systemd driver, systemd has properties for a few keys only and
+    /// libcontainer's systemd manager drops the others (`memory.oom.group`,
+    /// `memory.swap.max`, `io.*` ...); and an update's unit properties or
+    /// memory settings rewrite files (memory.swap.max) a key had set.
+    /// Nothing on v1 nodes, which have no unified keys. Blocking.
+    pub fn write_unified(
+        &self,
+        cg: &ContainerCgroup,
+        unified: &HashMap<String, String>,
+    ) -> Result<(), Error> {
+        if unified.is_empty() || self.hierarchy() != Hierarchy::V2 {
+            return Ok(());
+        }
+        let mut resources = LinuxResources::default();
+        resources.set_unified(Some(unified.clone()));
+        self.fs.cgroup(cg.path().clone()).apply(&resources)
+    }
+
     /// The controllers a cgroup has (what `unified` keys may name): None
     /// on cgroup v1 and hybrid nodes. The nearest existing ancestor
     /// answers for a cgroup not made yet.

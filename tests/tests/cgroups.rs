@@ -359,7 +359,7 @@ fn unit_gone(unit: &str) -> bool {
 }
 
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -399,8 +399,17 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
             assert!(err.message().contains("needs cgroup v2"), "{err}");
         }
     }
+    // Keys kubelet sets on v2: memory.oom.group=1 for every container
+    // (the OOM killer ends the whole container), memory.swap.max with
+    // NodeSwap, memory.high with MemoryQoS. systemd has a property for
+    // memory.high only; the others reach a scope only because the daemon
+    // writes them (libcontainer's systemd manager drops them).
     if v2 {
-        res.unified = unified(&[("memory.high", "61440000"), ("memory.oom.group", "1")]);
+        res.unified = unified(&[
+            ("memory.high", "61440000"),
+            ("memory.oom.group", "1"),
+            ("memory.swap.max", "8388608"),
+        ]);
     }
     let id = e.run(&pod, e.container("limits", res)).await;
     let pid = e.pid_of(&id).await;
@@ -430,6 +439,10 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
         assert_eq!(read_cgroup_file(pid, "cpu", "cpu.max"), "50000 100000");
         assert_eq!(read_cgroup_file(pid, "memory", "memory.high"), "61440000");
         assert_eq!(read_cgroup_file(pid, "memory", "memory.oom.group"), "1");
+        assert_eq!(
+            read_cgroup_file(pid, "memory", "memory.swap.max"),
+            "8388608"
+        );
     } else {
         assert_eq!(
             read_cgroup_file(pid, "memory", "memory.limit_in_bytes"),
@@ -500,6 +513,15 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
         read_cgroup_file(pid, "memory", file),
         (128 * MIB).to_string()
     );
+    if v2 {
+        // An update (here: a new MemoryMax, which makes systemd rewrite
+        // the scope's memory files) keeps the keys of the create.
+        assert_eq!(read_cgroup_file(pid, "memory", "memory.oom.group"), "1");
+        assert_eq!(
+            read_cgroup_file(pid, "memory", "memory.swap.max"),
+            "8388608"
+        );
+    }
     let bad = v1::LinuxContainerResources {
         unified: unified(&[("cgroup.kill", "1")]),
         ..Default::default()
@@ -594,7 +616,7 @@ async fn a_killed_monitor_leaves_nothing(handler: &'static str) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
     loop {
         let (st, _) = e.status(&id).await;
         if st.state == v1::ContainerState::ContainerExited as i32 {

@@ -1156,7 +1156,10 @@ fi"#,
     let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(30));
     while !pid_file.exists() {
         if pending.is_finished() {
-            panic!("RunPodSandbox ended before the slow plugin ran: {:?}", pending.await);
+            panic!(
+                "RunPodSandbox ended before the slow plugin ran: {:?}",
+                pending.await
+            );
         }
         assert!(Instant::now() < deadline, "the slow plugin never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;

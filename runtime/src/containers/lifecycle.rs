@@ -8,6 +8,7 @@
 //! container that cannot be started is EXITED with reason StartError.
 //! Stop and Remove are idempotent, also for unknown IDs.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,6 +219,13 @@ impl Containers {
             .and_then(|l| l.cgroups_path().as_ref())
             .map(|p| p.display().to_string());
         // The spec is final from here on (NRI adjustments included).
+        let unified = built
+            .spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.resources().as_ref())
+            .and_then(|r| r.unified().clone())
+            .unwrap_or_default();
         let pid = self
             .host
             .launch(Launch {
@@ -237,7 +245,22 @@ impl Containers {
         rec.user = Some(built.user);
         rec.stop_signal = built.stop_signal;
         rec.pid = pid;
-        Ok(())
+        // The cgroup (scope) exists now; its process has not started yet.
+        self.write_unified(rec, unified).await
+    }
+
+    /// Writes `unified` keys into the container's cgroup (see
+    /// [`crate::containers::ContainerHost::write_unified`]).
+    async fn write_unified(
+        &self,
+        rec: &ContainerRecord,
+        unified: HashMap<String, String>,
+    ) -> Result<(), ContainerError> {
+        if unified.is_empty() {
+            return Ok(());
+        }
+        let (host, rec) = (self.host.clone(), rec.clone());
+        blocking(move || host.write_unified(&rec, &unified)).await
     }
 
     /// A new container's `unified` keys name only files of controllers
@@ -584,6 +607,14 @@ impl Containers {
         let oci = spec::update_resources(&res, &self.facts)?;
         self.host.update(&rec.state_dir, &oci).await?;
         crash::point("container.update.applied");
+        // The keys of earlier requests stay in force (as with runc), and
+        // go into the cgroup again: the update may have rewritten files
+        // they set (systemd rewrites what its properties manage).
+        let mut res = res;
+        let mut unified = rec.resources().map(|r| r.unified).unwrap_or_default();
+        unified.extend(res.unified);
+        res.unified = unified.clone();
+        self.write_unified(&rec, unified).await?;
         rec.resources = Some(hex::encode(res.encode_to_vec()));
         self.store_put(&rec).await?;
         entry.set(rec);

@@ -49,6 +49,7 @@ pub enum Effect {
     Start(String),
     Kill { id: String, signal: i32, all: bool },
     Update(String),
+    WriteUnified(String, Vec<(String, String)>),
     ReopenLog(String),
     ExecSync(String),
     ReapMonitor(String),
