@@ -135,6 +135,23 @@ pub fn check_unified(
     validate_unified(unified, controllers).map_err(|e| format!("{field}: {e}"))
 }
 
+/// Whether this process shares systemd's PID namespace: PID 1 here is
+/// systemd, and it is in the namespace this process is in. Unknown (an
+/// unreadable /proc) counts as yes.
+fn in_systemds_pid_namespace() -> bool {
+    let comm = std::fs::read_to_string("/proc/1/comm");
+    if comm.as_deref().is_ok_and(|c| c.trim() != "systemd") {
+        return false;
+    }
+    match (
+        std::fs::read_link("/proc/self/ns/pid"),
+        std::fs::read_link("/proc/1/ns/pid"),
+    ) {
+        (Ok(mine), Ok(init)) => mine == init,
+        _ => true,
+    }
+}
+
 /// The node's hierarchies and the driver.
 pub struct NodeCgroups {
     fs: CgroupFs,
@@ -153,6 +170,18 @@ impl NodeCgroups {
             return Err(Error::Unsupported {
                 what: "cgroup_driver = \"systemd\"".into(),
                 why: "systemd is not the init system on this host".into(),
+            });
+        }
+        if systemd && !in_systemds_pid_namespace() {
+            // The runtime hands systemd the PIDs to put into scopes as this
+            // namespace numbers them; systemd answers "Process with ID N
+            // does not exist" for every pod. Said once, at start.
+            return Err(Error::Unsupported {
+                what: "cgroup_driver = \"systemd\"".into(),
+                why: "the daemon runs in a PID namespace of its own, where systemd cannot \
+                      find the processes it is to put into scopes: run it in the host's \
+                      PID namespace"
+                    .into(),
             });
         }
         Ok(Self::with_fs(fs, systemd))

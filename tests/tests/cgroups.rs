@@ -683,3 +683,40 @@ async fn a_restart_keeps_containers_and_their_cgroups() {
     wait_for("the container's init to go", || !process_alive(pid)).await;
     e.assert_no_orphan_warnings();
 }
+
+/// The systemd driver cannot work from a PID namespace of its own (systemd
+/// would be handed PIDs it does not know): the daemon says so at start,
+/// instead of failing every pod with a D-Bus error.
+#[test]
+fn the_systemd_driver_refuses_a_pid_namespace_of_its_own() {
+    require!(Need::Systemd);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("unshare")
+        .args(["-p", "-f", "--mount-proc", "--kill-child"])
+        .arg(crust_tests::crust_bin())
+        .args(["daemon", "--cgroup-driver", "systemd", "--socket"])
+        .arg(dir.path().join("s.sock"))
+        .arg("--root")
+        .arg(dir.path().join("root"))
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    // A daemon that starts anyway serves until it is told to stop.
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon started with the systemd driver in a PID namespace of its own");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("PID namespace of its own"), "{err}");
+    assert!(!dir.path().join("s.sock").exists());
+}
