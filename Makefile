@@ -33,8 +33,10 @@ BENCH_ARGS ?=
 # are known (failures for a known reason are listed in
 # hack/vm/known-failing); make test-vm runs them all (VM_SUITES).
 # hack/vm/README.md says what each costs.
-VM_TEST_SUITES ?= crust-cgroups:host crust-tests:foundation@cgroupfs crust-tests:pods@cgroupfs
-VM_SUITES ?= crust-cgroups:host crust-tests:foundation crust-tests:pods crust-tests:containers \
+VM_TEST_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation@cgroupfs \
+	crust-tests:pods@cgroupfs
+VM_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation crust-tests:pods \
+	crust-tests:containers \
 	crust-tests:streaming crust-shim:e2e@cgroupfs crust-linux:pod_sandbox@cgroupfs \
 	crust-network:cni_plugins@cgroupfs crust-tests:apparmor@cgroupfs
 TEST_LOG_DIR := $(or $(CARGO_TARGET_DIR),target)

@@ -135,6 +135,23 @@ pub fn check_unified(
     validate_unified(unified, controllers).map_err(|e| format!("{field}: {e}"))
 }
 
+/// Whether this process shares systemd's PID namespace: PID 1 here is
+/// systemd, and it is in the namespace this process is in. Unknown (an
+/// unreadable /proc) counts as yes.
+fn in_systemds_pid_namespace() -> bool {
+    let comm = std::fs::read_to_string("/proc/1/comm");
+    if comm.as_deref().is_ok_and(|c| c.trim() != "systemd") {
+        return false;
+    }
+    match (
+        std::fs::read_link("/proc/self/ns/pid"),
+        std::fs::read_link("/proc/1/ns/pid"),
+    ) {
+        (Ok(mine), Ok(init)) => mine == init,
+        _ => true,
+    }
+}
+
 /// The node's hierarchies and the driver.
 pub struct NodeCgroups {
     fs: CgroupFs,
@@ -153,6 +170,18 @@ impl NodeCgroups {
             return Err(Error::Unsupported {
                 what: "cgroup_driver = \"systemd\"".into(),
                 why: "systemd is not the init system on this host".into(),
+            });
+        }
+        if systemd && !in_systemds_pid_namespace() {
+            // The runtime hands systemd the PIDs to put into scopes as this
+            // namespace numbers them; systemd answers "Process with ID N
+            // does not exist" for every pod. Said once, at start.
+            return Err(Error::Unsupported {
+                what: "cgroup_driver = \"systemd\"".into(),
+                why: "the daemon runs in a PID namespace of its own, where systemd cannot \
+                      find the processes it is to put into scopes: run it in the host's \
+                      PID namespace"
+                    .into(),
             });
         }
         Ok(Self::with_fs(fs, systemd))
@@ -255,6 +284,26 @@ impl NodeCgroups {
         }
         self.fs.cgroup(cg.path().clone()).delete()?;
         Ok(existed)
+    }
+
+    /// Writes `unified` keys into a container's cgroup files (v2), as runc
+    /// does after its systemd or cgroupfs manager has set the rest: with
+    /// the systemd driver, systemd has properties for a few keys only and
+    /// libcontainer's systemd manager drops the others (`memory.oom.group`,
+    /// `memory.swap.max`, `io.*` ...); and an update's unit properties or
+    /// memory settings rewrite files (memory.swap.max) a key had set.
+    /// Nothing on v1 nodes, which have no unified keys. Blocking.
+    pub fn write_unified(
+        &self,
+        cg: &ContainerCgroup,
+        unified: &HashMap<String, String>,
+    ) -> Result<(), Error> {
+        if unified.is_empty() || self.hierarchy() != Hierarchy::V2 {
+            return Ok(());
+        }
+        let mut resources = LinuxResources::default();
+        resources.set_unified(Some(unified.clone()));
+        self.fs.cgroup(cg.path().clone()).apply(&resources)
     }
 
     /// The controllers a cgroup has (what `unified` keys may name): None

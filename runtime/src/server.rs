@@ -28,6 +28,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let daemon = Arc::new(Daemon::open(config).await?);
     start_streaming(&daemon).await?;
     crate::idle::spawn_idle_trim();
+    // Handlers first: whoever sees the socket may signal at once, and a
+    // SIGTERM before the handler exists would kill the daemon uncleanly.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let listener = bind(&socket)?;
     let _remove_socket = RemoveOnDrop(socket.clone());
     info!(
@@ -52,8 +56,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         });
     tokio::pin!(server);
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     tokio::select! {
         res = &mut server => return res.context("gRPC server failed"),
         _ = term.recv() => info!("SIGTERM: finishing in-flight calls"),

@@ -85,6 +85,28 @@ pub fn cgroup_driver() -> &'static str {
     cgroup_driver_from_env().unwrap_or("cgroupfs")
 }
 
+/// The environment variable that says how many times slower than this
+/// host the machine under test is (a float, default 1): the VM test bed
+/// (hack/vm, TCG emulation) sets it. Deadlines that wait for real work
+/// (a daemon to start, a CNI plugin to run) scale with it through
+/// [`patience`]; a test never measures performance (that is `make bench`).
+pub const SLOWDOWN_ENV: &str = "CRUST_TEST_SLOWDOWN";
+
+/// `deadline` scaled by [`SLOWDOWN_ENV`]: how long to wait here for what
+/// takes at most `deadline` on the development host.
+pub fn patience(deadline: Duration) -> Duration {
+    let factor = std::env::var(SLOWDOWN_ENV)
+        .ok()
+        .map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite() && *f >= 1.0)
+                .unwrap_or_else(|| panic!("{SLOWDOWN_ENV}={s:?}: expected a number >= 1"))
+        })
+        .unwrap_or(1.0);
+    deadline.mul_f64(factor)
+}
+
 /// What a test may need of the machine it runs on. `make test` runs the
 /// suites on the host (cgroup v1 hybrid, no systemd, no AppArmor) and in the
 /// VM test bed (cgroup v2 alone, systemd, AppArmor; once per cgroup driver);
@@ -375,11 +397,12 @@ impl Daemon {
 
     async fn wait_ready(&mut self) {
         // An emulated VM (TCG) starts a debug daemon far slower than a host.
-        let secs = std::env::var("CRUST_TEST_DAEMON_START_SECS")
+        let start = std::env::var("CRUST_TEST_DAEMON_START_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(20);
-        let deadline = Instant::now() + Duration::from_secs(secs);
+            .map(Duration::from_secs)
+            .unwrap_or_else(|| patience(Duration::from_secs(20)));
+        let deadline = Instant::now() + start;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(

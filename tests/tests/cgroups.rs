@@ -7,7 +7,7 @@
 //! and removed pods leave no cgroup or slice.
 //!
 //! Tests that need what this machine lacks (systemd, cgroup v2, runc)
-//! print `SKIPPED: <test>: <reason>` and are counted as skipped by
+//! start with `require!` and are counted as skipped, with the reason, by
 //! `make test`'s summary.
 
 use std::path::{Path, PathBuf};
@@ -17,42 +17,16 @@ use crust_tests::crust_api::v1;
 use crust_tests::registry::*;
 use crust_tests::tonic::Code;
 use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, process_alive};
+use crust_tests::{Daemon, Need, process_alive, require};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
-const DRIVER_ENV: &str = "CRUST_TEST_CGROUP_DRIVER";
-
 fn systemd_driver() -> bool {
-    std::env::var(DRIVER_ENV).is_ok_and(|v| v == "systemd")
+    crust_tests::cgroup_driver() == "systemd"
 }
 
 fn cgroup_v2() -> bool {
-    nix::sys::statfs::statfs("/sys/fs/cgroup")
-        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
-}
-
-fn in_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-}
-
-/// Reports the running test as skipped (one line past libtest's capture,
-/// which `make test`'s summary counts) and returns from it.
-macro_rules! skip_unless {
-    ($cond:expr, $why:expr) => {
-        if !$cond {
-            use std::io::Write;
-            let thread = std::thread::current();
-            let line = format!(
-                "SKIPPED: {}: {}\n",
-                thread.name().unwrap_or("<unnamed test>"),
-                $why
-            );
-            let _ = std::io::stderr().lock().write_all(line.as_bytes());
-            return;
-        }
-    };
+    crust_tests::require(Need::CgroupV2).is_none()
 }
 
 fn test_image() -> TestImage {
@@ -385,7 +359,7 @@ fn unit_gone(unit: &str) -> bool {
 }
 
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -425,8 +399,17 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
             assert!(err.message().contains("needs cgroup v2"), "{err}");
         }
     }
+    // Keys kubelet sets on v2: memory.oom.group=1 for every container
+    // (the OOM killer ends the whole container), memory.swap.max with
+    // NodeSwap, memory.high with MemoryQoS. systemd has a property for
+    // memory.high only; the others reach a scope only because the daemon
+    // writes them (libcontainer's systemd manager drops them).
     if v2 {
-        res.unified = unified(&[("memory.high", "61440000"), ("memory.oom.group", "1")]);
+        res.unified = unified(&[
+            ("memory.high", "61440000"),
+            ("memory.oom.group", "1"),
+            ("memory.swap.max", "8388608"),
+        ]);
     }
     let id = e.run(&pod, e.container("limits", res)).await;
     let pid = e.pid_of(&id).await;
@@ -456,6 +439,10 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
         assert_eq!(read_cgroup_file(pid, "cpu", "cpu.max"), "50000 100000");
         assert_eq!(read_cgroup_file(pid, "memory", "memory.high"), "61440000");
         assert_eq!(read_cgroup_file(pid, "memory", "memory.oom.group"), "1");
+        assert_eq!(
+            read_cgroup_file(pid, "memory", "memory.swap.max"),
+            "8388608"
+        );
     } else {
         assert_eq!(
             read_cgroup_file(pid, "memory", "memory.limit_in_bytes"),
@@ -526,6 +513,15 @@ async fn limits_stats_update_and_removal(handler: &'static str) {
         read_cgroup_file(pid, "memory", file),
         (128 * MIB).to_string()
     );
+    if v2 {
+        // An update (here: a new MemoryMax, which makes systemd rewrite
+        // the scope's memory files) keeps the keys of the create.
+        assert_eq!(read_cgroup_file(pid, "memory", "memory.oom.group"), "1");
+        assert_eq!(
+            read_cgroup_file(pid, "memory", "memory.swap.max"),
+            "8388608"
+        );
+    }
     let bad = v1::LinuxContainerResources {
         unified: unified(&[("cgroup.kill", "1")]),
         ..Default::default()
@@ -584,7 +580,7 @@ async fn limits_stats_update_and_removal_embedded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn limits_stats_update_and_removal_runc() {
-    skip_unless!(in_path("runc"), "needs runc in PATH");
+    require!(Need::Runc);
     limits_stats_update_and_removal("runc").await;
 }
 
@@ -833,7 +829,7 @@ async fn resize_in_place_embedded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn resize_in_place_runc() {
-    skip_unless!(in_path("runc"), "needs runc in PATH");
+    require!(Need::Runc);
     resize_in_place("runc").await;
 }
 
@@ -1012,7 +1008,7 @@ async fn a_killed_monitor_leaves_nothing(handler: &'static str) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
     loop {
         let (st, _) = e.status(&id).await;
         if st.state == v1::ContainerState::ContainerExited as i32 {
@@ -1051,7 +1047,7 @@ async fn a_killed_monitor_leaves_nothing_embedded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_monitor_leaves_nothing_runc() {
-    skip_unless!(in_path("runc"), "needs runc in PATH");
+    require!(Need::Runc);
     a_killed_monitor_leaves_nothing("runc").await;
 }
 
@@ -1078,4 +1074,41 @@ async fn a_restart_keeps_containers_and_their_cgroups() {
     e.remove_pod(&pod.0).await;
     wait_for("the container's init to go", || !process_alive(pid)).await;
     e.assert_no_orphan_warnings();
+}
+
+/// The systemd driver cannot work from a PID namespace of its own (systemd
+/// would be handed PIDs it does not know): the daemon says so at start,
+/// instead of failing every pod with a D-Bus error.
+#[test]
+fn the_systemd_driver_refuses_a_pid_namespace_of_its_own() {
+    require!(Need::Systemd);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("unshare")
+        .args(["-p", "-f", "--mount-proc", "--kill-child"])
+        .arg(crust_tests::crust_bin())
+        .args(["daemon", "--cgroup-driver", "systemd", "--socket"])
+        .arg(dir.path().join("s.sock"))
+        .arg("--root")
+        .arg(dir.path().join("root"))
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    // A daemon that starts anyway serves until it is told to stop.
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon started with the systemd driver in a PID namespace of its own");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("PID namespace of its own"), "{err}");
+    assert!(!dir.path().join("s.sock").exists());
 }

@@ -334,7 +334,7 @@ fn parent_dirs_of_the_socket_are_created() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + crust_tests::patience(Duration::from_secs(10));
     while !socket.exists() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -1152,9 +1152,15 @@ fi"#,
     let pending = tokio::spawn(async move { run(&mut rt, config).await });
 
     // The bridge has attached the pod; the daemon dies during the next
-    // plugin's ADD.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // plugin's ADD (the bridge takes longer on a slow machine).
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(30));
     while !pid_file.exists() {
+        if pending.is_finished() {
+            panic!(
+                "RunPodSandbox ended before the slow plugin ran: {:?}",
+                pending.await
+            );
+        }
         assert!(Instant::now() < deadline, "the slow plugin never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -7,6 +7,7 @@
 //! Blocking methods are called from the blocking pool (or are a quick look
 //! at a file); `async` ones talk to the monitor.
 
+use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -89,6 +90,15 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// (a small read).
     fn unified_controllers(&self, path: &CgroupPath)
     -> Result<Option<Controllers>, ContainerError>;
+    /// Writes `unified` keys into the container's cgroup (v2): a systemd
+    /// scope gets from the runtime only the keys systemd has a property
+    /// for, and an update may rewrite files a key had set
+    /// ([`NodeCgroups::write_unified`]). Blocking.
+    fn write_unified(
+        &self,
+        rec: &ContainerRecord,
+        unified: &HashMap<String, String>,
+    ) -> Result<(), ContainerError>;
     /// Removes what the OCI runtime may still hold for the container (a
     /// monitor killed before it could delete it). Blocking; failures are
     /// ignored: usually there is nothing.
@@ -323,6 +333,22 @@ impl ContainerHost for RealContainerHost {
         self.cgroups
             .unified_controllers(path)
             .map_err(|e| ContainerError::Internal(format!("reading {path}'s controllers: {e}")))
+    }
+
+    fn write_unified(
+        &self,
+        rec: &ContainerRecord,
+        unified: &HashMap<String, String>,
+    ) -> Result<(), ContainerError> {
+        if unified.is_empty() {
+            return Ok(());
+        }
+        let Some(cg) = self.container_cgroup(rec) else {
+            return Ok(());
+        };
+        self.cgroups.write_unified(&cg, unified).map_err(|e| {
+            ContainerError::Internal(format!("writing the unified keys into {}: {e}", cg.path()))
+        })
     }
 
     fn delete_runtime_state(&self, rec: &ContainerRecord) {

@@ -8,6 +8,7 @@
 //! container that cannot be started is EXITED with reason StartError.
 //! Stop and Remove are idempotent, also for unknown IDs.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -230,6 +231,13 @@ impl Containers {
             .and_then(|l| l.cgroups_path().as_ref())
             .map(|p| p.display().to_string());
         // The spec is final from here on (NRI adjustments included).
+        let unified = built
+            .spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.resources().as_ref())
+            .and_then(|r| r.unified().clone())
+            .unwrap_or_default();
         let pid = self
             .host
             .launch(Launch {
@@ -249,7 +257,22 @@ impl Containers {
         rec.user = Some(built.user);
         rec.stop_signal = built.stop_signal;
         rec.pid = pid;
-        Ok(())
+        // The cgroup (scope) exists now; its process has not started yet.
+        self.write_unified(rec, unified).await
+    }
+
+    /// Writes `unified` keys into the container's cgroup (see
+    /// [`crate::containers::ContainerHost::write_unified`]).
+    async fn write_unified(
+        &self,
+        rec: &ContainerRecord,
+        unified: HashMap<String, String>,
+    ) -> Result<(), ContainerError> {
+        if unified.is_empty() {
+            return Ok(());
+        }
+        let (host, rec) = (self.host.clone(), rec.clone());
+        blocking(move || host.write_unified(&rec, &unified)).await
     }
 
     /// A new container's `unified` keys name only files of controllers
@@ -618,6 +641,11 @@ impl Containers {
             blocking(move || host.set_oom_score_adj(&r, v)).await?;
         }
         crash::point("container.update.applied");
+        // The keys in force (earlier requests' merged with this one's, as
+        // with runc) go into the cgroup again: the update may have
+        // rewritten files they set (systemd rewrites what its properties
+        // manage).
+        self.write_unified(&rec, merged.unified.clone()).await?;
         rec.resources = Some(hex::encode(merged.encode_to_vec()));
         self.store_put(&rec).await?;
         entry.set(rec);

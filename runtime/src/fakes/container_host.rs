@@ -348,6 +348,21 @@ impl ContainerHost for FakeContainerHost {
         Ok(*self.controllers.lock().unwrap())
     }
 
+    fn write_unified(
+        &self,
+        rec: &ContainerRecord,
+        unified: &std::collections::HashMap<String, String>,
+    ) -> Result<(), ContainerError> {
+        let mut keys: Vec<_> = unified
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        keys.sort();
+        self.journal
+            .push(Effect::WriteUnified(rec.id.clone(), keys));
+        Ok(())
+    }
+
     fn delete_runtime_state(&self, rec: &ContainerRecord) {
         self.journal
             .push(Effect::DeleteRuntimeState(rec.id.clone()));

@@ -59,6 +59,7 @@ pub enum Effect {
         id: String,
         value: i32,
     },
+    WriteUnified(String, Vec<(String, String)>),
     ReopenLog(String),
     ExecSync(String),
     ReapMonitor(String),

@@ -955,6 +955,19 @@ async fn unified_keys_of_a_container_are_checked_at_create_and_update() {
         .create_container(&pod, Some(config))
         .await
         .unwrap();
+    // The keys go into the container's cgroup once it exists (the systemd
+    // driver's scope gets only some of them from the runtime).
+    let written = |e: &Effect| matches!(e, Effect::WriteUnified(..));
+    let launched = rig
+        .journal
+        .position(|e| matches!(e, Effect::Launch(c) if *c == id))
+        .unwrap();
+    let write = rig.journal.position(written).unwrap();
+    assert!(write > launched, "{:?}", rig.journal.effects());
+    assert_eq!(
+        rig.journal.effects()[write],
+        Effect::WriteUnified(id.clone(), vec![("memory.high".into(), "1000000".into())])
+    );
     rig.lifecycle.start_container(&id).await.unwrap();
     let err = rig
         .lifecycle
@@ -972,6 +985,14 @@ async fn unified_keys_of_a_container_are_checked_at_create_and_update() {
         .await
         .unwrap();
     assert_eq!(rig.journal.count(|e| matches!(e, Effect::Update(_))), 1);
+    // After the update, the keys of both requests go in (again): the
+    // update may have made systemd rewrite the scope's files.
+    let last = rig.journal.effects().into_iter().rev().find(written);
+    let both = vec![
+        ("memory.high".into(), "1000000".into()),
+        ("memory.oom.group".into(), "1000000".into()),
+    ];
+    assert_eq!(last, Some(Effect::WriteUnified(id.clone(), both)));
     // The update is checked against the container's own cgroup.
     let last = rig.container_host.controllers_asked().pop().unwrap();
     assert_eq!(
