@@ -20,8 +20,10 @@ use crate::containers::{self, Containers, RealContainerHost};
 use crate::handlers::Handlers;
 use crate::launch::Launcher;
 use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
 use crate::pods::{Pods, RealPodHost};
 use crate::stats::CgroupStats;
+use crate::streaming_backend::Sessions;
 
 pub struct Daemon {
     pub config: Config,
@@ -45,6 +47,10 @@ pub struct Daemon {
     /// The exec / attach / port-forward server, set once at start (its
     /// backend needs the pods and containers, so it starts after `open`).
     pub streaming: std::sync::OnceLock<crust_streaming::StreamingServer>,
+    /// What the daemon counts and times (served when `[metrics]` is on).
+    pub metrics: Arc<Metrics>,
+    /// Open exec / attach / port-forward sessions.
+    pub sessions: Arc<Sessions>,
 }
 
 /// Runtime-wide settings that must survive a restart.
@@ -64,7 +70,7 @@ impl Record for NetworkSettings {
 impl Daemon {
     /// Opens everything and recovers the pods and containers of a previous
     /// run.
-    pub async fn open(config: Config) -> anyhow::Result<Daemon> {
+    pub async fn open(config: Config, metrics: Arc<Metrics>) -> anyhow::Result<Daemon> {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
@@ -93,7 +99,11 @@ impl Daemon {
             handlers.clone(),
             facts.clone(),
             config.root.clone(),
-        );
+        )
+        .with_cni_observer({
+            let metrics = metrics.clone();
+            Arc::new(move |add, ok, took| metrics.cni_operation(add, ok, took))
+        });
         let (run_root, state_root) = (config.run_dir.join("pods"), config.root.join("pods"));
         for dir in [&run_root, &state_root] {
             create_private_dir(dir)?;
@@ -136,6 +146,8 @@ impl Daemon {
             stats,
             pod_cidrs: RwLock::new(network.pod_cidrs),
             streaming: std::sync::OnceLock::new(),
+            metrics,
+            sessions: Arc::default(),
         })
     }
 

@@ -8,6 +8,7 @@ mod admin;
 mod container;
 mod events;
 mod image;
+mod operator;
 mod pod;
 mod runtime;
 mod stats;
@@ -24,7 +25,7 @@ use crate::containers::ContainerError;
 use crate::daemon::Daemon;
 use crate::pods::PodError;
 
-pub use admin::Admin;
+pub use admin::{Admin, Operator};
 
 /// Implements both `RuntimeService` and `ImageService` of CRI v1.
 #[derive(Clone)]
