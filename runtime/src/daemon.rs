@@ -133,6 +133,11 @@ impl Daemon {
             .recover()
             .await
             .context("recovering containers")?;
+        // What recovery found (exits while the daemon was down) goes to
+        // the GetContainerEvents subscribers of the next few minutes.
+        containers
+            .events()
+            .recovered(crate::events::RECOVERY_REPLAY);
         let stats = Arc::new(CgroupStats::new(cgroup_hierarchy));
         Ok(Daemon {
             lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone()),
