@@ -92,6 +92,7 @@ pub struct Subscription<S> {
 
 impl<S: Clone> Subscription<S> {
     /// The next event if one is there (`Lagged` once fallen behind).
+    #[cfg(test)]
     pub fn try_recv(&mut self) -> Result<Event<S>, broadcast::error::TryRecvError> {
         match self.replay.pop_front() {
             Some(e) => Ok(e),

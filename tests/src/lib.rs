@@ -85,7 +85,10 @@ impl DaemonBuilder {
             args.push(flag.into());
             args.push(value.into());
         }
-        args.extend(["--log-level".into(), "debug".into()]);
+        // Debug logs unless the test sets the level itself.
+        if !self.args.iter().any(|a| a == "--log-level") {
+            args.extend(["--log-level".into(), "debug".into()]);
+        }
         args.extend(self.args.iter().map(Into::into));
         let mut daemon = Daemon {
             child: None,

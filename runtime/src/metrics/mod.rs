@@ -198,6 +198,16 @@ impl Metrics {
         );
         // Standard process_* names, without the crust prefix.
         registry.register_collector(Box::new(process::ProcessCollector::new()));
+        // Known label values start at zero, so that the series exist (and
+        // rates work) before the first pull or CNI call.
+        for result in ["success", "failure"] {
+            let labels = ResultLabels { result };
+            let _ = pulls.get_or_create(&labels);
+            let _ = pull_seconds.get_or_create(&labels);
+            for operation in ["add", "del"] {
+                let _ = cni_seconds.get_or_create(&CniLabels { operation, result });
+            }
+        }
         let methods = crust_api::GRPC_METHODS
             .iter()
             .filter_map(|path| Some((*path, method_labels(path)?)))
@@ -335,8 +345,15 @@ impl CallGuard {
 impl Drop for CallGuard {
     fn drop(&mut self) {
         if let Some(code) = self.code.take() {
-            self.metrics
-                .finish_call(self.id, self.labels, code, self.started.elapsed());
+            let took = self.started.elapsed();
+            tracing::debug!(
+                service = self.labels.service,
+                method = self.labels.method,
+                code,
+                micros = took.as_micros() as u64,
+                "gRPC call"
+            );
+            self.metrics.finish_call(self.id, self.labels, code, took);
         }
     }
 }
