@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crust_shim::RuntimeConfig;
+use crust_shim_protocol::RuntimeConfig;
 
 use crate::config::{CgroupDriver, Config, RuntimeKind};
 

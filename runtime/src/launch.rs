@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crust_oci::Spec;
-use crust_shim::{RuntimeConfig, ShimConfig, SpawnOptions};
+use crust_shim_protocol::{RuntimeConfig, ShimConfig, SpawnOptions};
 
 use crate::config::Config;
 use crate::monitor::Monitor;
@@ -45,7 +45,7 @@ pub enum LaunchError {
     Bundle(String),
     /// The monitor or the runtime could not create the container.
     #[error("{0}")]
-    Monitor(crust_shim::Error),
+    Monitor(crust_shim_protocol::Error),
 }
 
 impl From<tokio::task::JoinError> for LaunchError {

@@ -214,7 +214,7 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     // A socket per live container (its watcher) and per client: take the
     // hard limit, and hand the node's soft limit on to monitors.
     match crust_linux::process::raise_open_files_limit() {
-        Ok(soft) => crust_shim::client::set_monitor_open_files_limit(soft),
+        Ok(soft) => crust_shim_protocol::set_monitor_open_files_limit(soft),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -8,9 +8,9 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
-use crust_shim::async_client::{AsyncShim, AttachReader, AttachWriter};
-use crust_shim::protocol::ExecStarted;
-use crust_shim::{Error, ExecRequest, ExecSyncOutput, ExitInfo, SpawnOptions};
+use crust_shim_protocol::ExecStarted;
+use crust_shim_protocol::{AttachReader, AttachWriter, Shim as AsyncShim};
+use crust_shim_protocol::{Error, ExecRequest, ExecSyncOutput, ExitInfo, SpawnOptions};
 
 /// How long a plain request may take before the daemon gives up on the
 /// monitor (as long as the blocking client allowed).
@@ -46,7 +46,7 @@ impl Monitor {
 
     /// The monitor process still runs (checked against pid reuse).
     pub fn is_alive(&self) -> bool {
-        crust_shim::client::is_shim_of(self.shim.shim_pid(), self.shim.state_dir())
+        crust_shim_protocol::is_shim_of(self.shim.shim_pid(), self.shim.state_dir())
     }
 
     /// The exit record, if the process has exited.
@@ -138,7 +138,7 @@ pub fn is_running(state_dir: &Path) -> bool {
 
 /// The exit record in a monitor's state dir, if the process has exited.
 pub fn exit_file(state_dir: &Path) -> io::Result<Option<ExitInfo>> {
-    crust_shim::client::read_exit_file(state_dir)
+    crust_shim_protocol::read_exit_file(state_dir)
 }
 
 async fn timed<T>(

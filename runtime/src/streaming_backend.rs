@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crust_shim::async_client::{AttachReader, AttachWriter};
-use crust_shim::{AttachEvent, ExitInfo};
+use crust_shim_protocol::{AttachEvent, ExitInfo};
+use crust_shim_protocol::{AttachReader, AttachWriter};
 use crust_streaming::{
     AttachRequest, Backend, BackendError, BoxDuplex, BoxFuture, ExecRequest, StreamIo, TerminalSize,
 };
@@ -203,9 +203,11 @@ async fn forward_on_host(port: u16, stream: BoxDuplex) -> std::io::Result<(u64, 
     crust_streaming::pipe(stream, tcp).await
 }
 
-fn shim_error(e: crust_shim::Error) -> BackendError {
+fn shim_error(e: crust_shim_protocol::Error) -> BackendError {
     match e {
-        crust_shim::Error::Gone => BackendError::Failed("the container is not running".into()),
+        crust_shim_protocol::Error::Gone => {
+            BackendError::Failed("the container is not running".into())
+        }
         e => BackendError::Failed(e.to_string()),
     }
 }
@@ -220,7 +222,7 @@ async fn exec(monitor: Monitor, req: ExecRequest, mut io: StreamIo) -> Result<i3
             .ok()
             .flatten();
     }
-    let shim_req = crust_shim::ExecRequest {
+    let shim_req = crust_shim_protocol::ExecRequest {
         exec_id: crate::ids::new_exec_id()
             .map_err(|e| BackendError::Failed(format!("random exec id: {e}")))?,
         args: req.cmd,
@@ -303,7 +305,7 @@ impl Drop for ExecGuard {
 
 /// Removes `<container state dir>/exec/<id>` (and only such a dir).
 fn remove_session_dir(container_dir: &Path, session_dir: &Path) {
-    let parent = container_dir.join(crust_shim::protocol::EXEC_DIR);
+    let parent = container_dir.join(crust_shim_protocol::EXEC_DIR);
     if session_dir.parent() != Some(parent.as_path()) {
         warn!(dir = %session_dir.display(), "exec session dir outside the container's; left alone");
         return;

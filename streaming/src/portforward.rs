@@ -39,6 +39,51 @@ struct Pair {
     error: Option<SpdyStream>,
 }
 
+/// What a port-forward stream's headers ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StreamRequest {
+    /// 1-65535.
+    port: u16,
+    /// The data stream of the pair (else its error stream).
+    data: bool,
+    /// Pairs the two streams: at most 64 bytes.
+    request_id: String,
+}
+
+impl StreamRequest {
+    /// Reads the `port`, `streamType` and `requestID` headers of stream
+    /// `stream_id`; `None` when they do not make a valid request.
+    fn of(
+        port: Option<&str>,
+        stream_type: Option<&str>,
+        request_id: Option<&str>,
+        stream_id: u32,
+    ) -> Option<StreamRequest> {
+        let port = port?.parse::<u16>().ok().filter(|p| *p > 0)?;
+        let data = match stream_type? {
+            "data" => true,
+            "error" => false,
+            _ => return None,
+        };
+        let request_id = match request_id {
+            Some(id) if !id.is_empty() => id.to_string(),
+            // Clients from before request ids: pair by stream id (the error
+            // stream comes first, its data stream two ids later).
+            _ => (if data {
+                stream_id.saturating_sub(2)
+            } else {
+                stream_id
+            })
+            .to_string(),
+        };
+        (request_id.len() <= 64).then_some(StreamRequest {
+            port,
+            data,
+            request_id,
+        })
+    }
+}
+
 /// Serves a port-forward SPDY session: every forwarded connection is a pair
 /// of streams (`streamType` error and data, same `requestID` and `port`).
 pub(crate) async fn serve_spdy(
@@ -72,35 +117,23 @@ pub(crate) async fn serve_spdy(
             }
             Some(_) = forwards.join_next(), if !forwards.is_empty() => continue,
         };
-        let Some(port) = s
-            .header("port")
-            .and_then(|p| p.parse::<u16>().ok())
-            .filter(|p| *p > 0)
+        let Some(StreamRequest {
+            port,
+            data: is_data,
+            request_id,
+        }) = StreamRequest::of(
+            s.header("port"),
+            s.header("streamtype"),
+            s.header("requestid"),
+            s.id(),
+        )
         else {
-            tracing::debug!("port-forward stream without a valid port header");
+            tracing::debug!(
+                "port-forward stream without valid port, streamType or requestID headers"
+            );
             s.reset(rst::REFUSED_STREAM);
             continue;
         };
-        let stream_type = s.header("streamtype").unwrap_or("").to_string();
-        if stream_type != "data" && stream_type != "error" {
-            s.reset(rst::REFUSED_STREAM);
-            continue;
-        }
-        let request_id = match s.header("requestid") {
-            Some(id) if !id.is_empty() => id.to_string(),
-            // Clients from before request ids: pair by stream id (the error
-            // stream comes first, its data stream two ids later).
-            _ => (if stream_type == "error" {
-                s.id()
-            } else {
-                s.id().saturating_sub(2)
-            })
-            .to_string(),
-        };
-        if request_id.len() > 64 {
-            s.reset(rst::REFUSED_STREAM);
-            continue;
-        }
         if !pairs.contains_key(&request_id) && pairs.len() >= MAX_PENDING_PAIRS {
             s.reset(rst::REFUSED_STREAM);
             continue;
@@ -115,7 +148,7 @@ pub(crate) async fn serve_spdy(
             });
             Pair::default()
         });
-        let slot = if stream_type == "data" {
+        let slot = if is_data {
             &mut pair.data
         } else {
             &mut pair.error
@@ -315,4 +348,60 @@ where
     B: AsyncRead + AsyncWrite + Unpin,
 {
     tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 64 * 1024, 64 * 1024).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn stream_requests_from_headers() {
+        assert_eq!(
+            StreamRequest::of(Some("8080"), Some("data"), Some("3"), 5),
+            Some(StreamRequest {
+                port: 8080,
+                data: true,
+                request_id: "3".into()
+            })
+        );
+        // No request id: the pair is found by stream id.
+        let e = StreamRequest::of(Some("80"), Some("error"), None, 7).unwrap();
+        let d = StreamRequest::of(Some("80"), Some("data"), Some(""), 9).unwrap();
+        assert_eq!(e.request_id, d.request_id);
+        for (port, kind) in [
+            ("0", "data"),
+            ("65536", "data"),
+            ("x", "data"),
+            ("80", "stdin"),
+        ] {
+            assert_eq!(StreamRequest::of(Some(port), Some(kind), None, 1), None);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(crust_quote::testing::config(1024))]
+
+        /// Any headers a client sends: a valid request or none.
+        #[test]
+        fn any_headers_give_a_valid_request_or_none(
+            port in proptest::option::of(prop_oneof![
+                "[0-9]{1,6}".boxed(),
+                crust_quote::testing::hostile_string(),
+            ]),
+            kind in proptest::option::of(prop_oneof![
+                Just("data".to_string()).boxed(),
+                Just("error".to_string()).boxed(),
+                crust_quote::testing::hostile_string(),
+            ]),
+            id in proptest::option::of(crust_quote::testing::hostile_string()),
+            stream_id in any::<u32>(),
+        ) {
+            if let Some(r) = StreamRequest::of(port.as_deref(), kind.as_deref(), id.as_deref(), stream_id) {
+                prop_assert!(r.port > 0);
+                prop_assert!(!r.request_id.is_empty() && r.request_id.len() <= 64);
+                prop_assert_eq!(port.as_deref().map(str::parse::<u16>), Some(Ok(r.port)));
+            }
+        }
+    }
 }

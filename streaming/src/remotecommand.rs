@@ -343,6 +343,7 @@ pub(crate) async fn serve_ws(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn resize_messages_split_anywhere() {
@@ -371,6 +372,63 @@ mod tests {
                 ],
                 "split at {split}"
             );
+        }
+    }
+
+    fn size_json() -> impl Strategy<Value = (TerminalSize, String)> {
+        (any::<u16>(), any::<u16>(), any::<bool>(), "[ \t\n]{0,3}").prop_map(
+            |(width, height, lower, space)| {
+                let json = if lower {
+                    format!("{{\"width\":{width},{space}\"height\":{height}}}{space}")
+                } else {
+                    format!("{space}{{\"Width\":{width},\"Height\":{height}}}")
+                };
+                (TerminalSize { width, height }, json)
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(crust_quote::testing::config(1024))]
+
+        /// A stream of size messages cut anywhere gives back every size.
+        #[test]
+        fn resize_streams_split_anywhere(
+            sizes in proptest::collection::vec(size_json(), 1..10),
+            cuts in proptest::collection::vec(1usize..40, 1..6),
+        ) {
+            let wire: String = sizes.iter().map(|(_, j)| j.as_str()).collect();
+            let mut d = ResizeDecoder::default();
+            let mut out = Vec::new();
+            let mut rest = wire.as_bytes();
+            let mut cuts = cuts.iter().cycle();
+            while !rest.is_empty() {
+                let n = (*cuts.next().unwrap()).min(rest.len());
+                d.push(&rest[..n], &mut out).unwrap();
+                rest = &rest[n..];
+            }
+            let want: Vec<TerminalSize> = sizes.into_iter().map(|(s, _)| s).collect();
+            prop_assert_eq!(out, want);
+        }
+
+        /// Any bytes: sizes or an error, never a panic, and never more
+        /// buffered than one size message can take.
+        #[test]
+        fn any_resize_bytes_are_bounded(chunks in proptest::collection::vec(
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..1024),
+                "[{}\"Wdthieg:0-9, ]{0,64}".prop_map(String::into_bytes),
+            ],
+            1..12,
+        )) {
+            let mut d = ResizeDecoder::default();
+            let mut out = Vec::new();
+            for c in chunks {
+                if d.push(&c, &mut out).is_err() {
+                    break;
+                }
+                prop_assert!(d.buf.len() <= ResizeDecoder::MAX);
+            }
         }
     }
 

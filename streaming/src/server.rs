@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use crust_quote::{clip, quote};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HeaderValue, UPGRADE};
@@ -336,7 +337,8 @@ fn upgrade_spdy(
                 let mut r = text(
                     StatusCode::FORBIDDEN,
                     format!(
-                        "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server accepts {supported:?}\n"
+                        "unable to upgrade: unable to negotiate protocol: client supports {}, server accepts {supported:?}\n",
+                        offered_list(&offered)
                     ),
                 );
                 for p in supported {
@@ -412,7 +414,8 @@ fn upgrade_websocket(
             return text(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "requested protocol(s) are not supported: {offered:?}; supports {supported:?}\n"
+                    "requested protocol(s) are not supported: {}; supports {supported:?}\n",
+                    offered_list(&offered)
                 ),
             );
         }
@@ -485,6 +488,12 @@ fn upgrade_websocket(
     response
 }
 
+/// The protocols a client offered, for an error it gets back: its header
+/// may be any length.
+fn offered_list(offered: &[&str]) -> String {
+    clip(&format!("{offered:?}")).to_string()
+}
+
 /// Ports from `port=80&port=8080` or `ports=80,8080`.
 fn ports_from_query(query: &str) -> Result<Vec<u16>, String> {
     let mut ports = Vec::new();
@@ -500,9 +509,9 @@ fn ports_from_query(query: &str) -> Result<Vec<u16>, String> {
         {
             let port: u16 = p
                 .parse()
-                .map_err(|_| format!("unable to parse {p:?} as a port"))?;
+                .map_err(|_| format!("unable to parse {} as a port", quote(p)))?;
             if port == 0 {
-                return Err(format!("port {p:?} must be > 0"));
+                return Err(format!("port {} must be > 0", quote(p)));
             }
             ports.push(port);
             if ports.len() > 64 {
@@ -516,6 +525,7 @@ fn ports_from_query(query: &str) -> Result<Vec<u16>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     #[test]
     fn ports_from_queries() {
@@ -525,6 +535,36 @@ mod tests {
         assert!(ports_from_query("port=0").is_err());
         assert!(ports_from_query("port=70000").is_err());
         assert_eq!(ports_from_query(""), Ok(vec![]));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crust_quote::testing::config(1024))]
+
+        /// Any query: ports (1-65535, at most 64) or a short error.
+        #[test]
+        fn any_query_gives_ports_or_a_short_error(
+            query in proptest::prop_oneof![
+                "((port|ports|x)=[0-9,% C]{0,12}&?){0,6}",
+                crust_quote::testing::hostile_string().prop_map(|s| format!("port={s}")),
+                proptest::prelude::any::<String>(),
+            ]
+        ) {
+            match ports_from_query(&query) {
+                Ok(ports) => {
+                    proptest::prop_assert!(ports.len() <= 64);
+                    proptest::prop_assert!(!ports.contains(&0));
+                }
+                Err(e) => crust_quote::testing::check_message("ports_from_query", &e)?,
+            }
+        }
+    }
+
+    #[test]
+    fn offered_protocols_are_clipped() {
+        let many: Vec<String> = (0..2000).map(|i| format!("proto-{i}")).collect();
+        let offered: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(offered_list(&offered).len() < 300);
+        assert_eq!(offered_list(&["a"]), "[\"a\"]");
     }
 
     #[test]

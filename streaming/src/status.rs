@@ -103,6 +103,24 @@ impl Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crust_quote::testing::config(1024))]
+
+        /// Whatever the backend said, the v4 status is JSON client-go
+        /// decodes, with the exit code as an unsigned byte cause.
+        #[test]
+        fn statuses_are_always_decodable(code in any::<i32>(), msg in any::<String>()) {
+            let v: serde_json::Value = serde_json::from_slice(&Outcome::ExitCode(code).to_v4_json()).unwrap();
+            let cause = v["details"]["causes"][0]["message"].as_str().unwrap().parse::<u8>().unwrap();
+            prop_assert!(cause >= 1);
+            let v: serde_json::Value =
+                serde_json::from_slice(&Outcome::Error(msg.clone()).to_v4_json()).unwrap();
+            prop_assert_eq!(v["details"]["causes"][0]["message"].as_str(), Some(msg.as_str()));
+            prop_assert_eq!(v["status"].as_str(), Some("Failure"));
+        }
+    }
 
     #[test]
     fn v4_statuses_are_what_client_go_decodes() {

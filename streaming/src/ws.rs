@@ -121,11 +121,72 @@ fn encode(codec: Codec, channel: u8, data: &[u8]) -> Message {
             Message::binary(v)
         }
         Codec::Base64 => {
-            let mut s = String::with_capacity(1 + data.len().div_ceil(3) * 4);
-            s.push(char::from(b'0' + channel));
+            let mut s = String::with_capacity(2 + data.len().div_ceil(3) * 4);
+            s.push(base64_channel_char(channel));
             base64::engine::general_purpose::STANDARD.encode_string(data, &mut s);
             Message::text(s)
         }
+    }
+}
+
+/// The channel of a `base64.*` message: the char `'0' + channel`. Real
+/// channels are single digits; a higher one is the char that far past
+/// `'0'` (always a valid char, so never a panic or a wrapped channel).
+fn base64_channel_char(channel: u8) -> char {
+    char::from_u32(u32::from(b'0') + u32::from(channel)).expect("48..=303 are chars")
+}
+
+/// What one client message means for the channels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Incoming {
+    /// Bytes for a channel (possibly none).
+    Data(u8, Bytes),
+    /// v5: the client is done sending on a channel.
+    CloseChannel(u8),
+    /// Nothing for anyone: empty, undecodable, a ping, or a message of the
+    /// other codec.
+    Skip,
+    /// The client closes, or broke the protocol: stop reading.
+    End,
+}
+
+/// Decodes one client message of a channel protocol.
+pub(crate) fn decode(proto: ChannelProtocol, msg: Message) -> Incoming {
+    match msg {
+        Message::Binary(b) if proto.codec == Codec::Binary => {
+            if b.is_empty() {
+                return Incoming::Skip;
+            }
+            if proto.close_signal && b[0] == CLOSE_SIGNAL {
+                if b.len() == 2 {
+                    return Incoming::CloseChannel(b[1]);
+                }
+                tracing::debug!("malformed WebSocket close signal");
+                return Incoming::End;
+            }
+            Incoming::Data(b[0], b.slice(1..))
+        }
+        Message::Text(t) if proto.codec == Codec::Base64 => {
+            let mut chars = t.as_str().chars();
+            let Some(first) = chars.next() else {
+                return Incoming::Skip;
+            };
+            let Some(channel) = (first as u32)
+                .checked_sub(u32::from(b'0'))
+                .and_then(|c| u8::try_from(c).ok())
+            else {
+                return Incoming::Skip;
+            };
+            match base64::engine::general_purpose::STANDARD.decode(chars.as_str()) {
+                Ok(v) => Incoming::Data(channel, Bytes::from(v)),
+                Err(_) => {
+                    tracing::debug!("undecodable base64 WebSocket message");
+                    Incoming::Skip
+                }
+            }
+        }
+        Message::Close(_) => Incoming::End,
+        _ => Incoming::Skip,
     }
 }
 
@@ -359,40 +420,16 @@ async fn read_loop(
     closed: watch::Sender<bool>,
 ) {
     while let Some(msg) = stream.next().await {
-        let (channel, payload) = match msg {
-            Ok(Message::Binary(b)) if proto.codec == Codec::Binary => {
-                if b.is_empty() {
-                    continue;
-                }
-                if proto.close_signal && b[0] == CLOSE_SIGNAL {
-                    if b.len() == 2 {
-                        // EOF for whoever reads the channel.
-                        senders.remove(&b[1]);
-                        continue;
-                    }
-                    tracing::debug!("malformed WebSocket close signal");
-                    break;
-                }
-                (b[0], b.slice(1..))
+        let Ok(msg) = msg else { break };
+        let (channel, payload) = match decode(proto, msg) {
+            Incoming::Data(channel, payload) => (channel, payload),
+            Incoming::CloseChannel(channel) => {
+                // EOF for whoever reads the channel.
+                senders.remove(&channel);
+                continue;
             }
-            Ok(Message::Text(t)) if proto.codec == Codec::Base64 => {
-                let t = t.as_bytes();
-                if t.is_empty() {
-                    continue;
-                }
-                let Some(channel) = t[0].checked_sub(b'0') else {
-                    continue;
-                };
-                match base64::engine::general_purpose::STANDARD.decode(&t[1..]) {
-                    Ok(v) => (channel, Bytes::from(v)),
-                    Err(_) => {
-                        tracing::debug!("undecodable base64 WebSocket message");
-                        continue;
-                    }
-                }
-            }
-            Ok(Message::Close(_)) | Err(_) => break,
-            Ok(_) => continue,
+            Incoming::Skip => continue,
+            Incoming::End => break,
         };
         if let Some(tx) = senders.get(&channel) {
             if payload.is_empty() {
@@ -542,6 +579,7 @@ impl AsyncWrite for WsBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn negotiation_follows_the_client() {
@@ -556,6 +594,58 @@ mod tests {
         );
         assert_eq!(negotiate(&[], &ours), Ok(None));
         assert_eq!(negotiate(&["x"], &ours), Err(()));
+    }
+
+    const PROTOCOLS: [&str; 5] = [
+        "v5.channel.k8s.io",
+        "v4.channel.k8s.io",
+        "v4.base64.channel.k8s.io",
+        "channel.k8s.io",
+        "base64.channel.k8s.io",
+    ];
+
+    fn message() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64).prop_map(Message::binary),
+            (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Message::binary(vec![CLOSE_SIGNAL, a, b])),
+            any::<String>().prop_map(Message::text),
+            ("[0-9]", "[A-Za-z0-9+/=]{0,40}").prop_map(|(c, b)| Message::text(c + &b)),
+            proptest::collection::vec(any::<u8>(), 0..16).prop_map(|p| Message::Ping(p.into())),
+            Just(Message::Close(None)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(crust_quote::testing::config(1024))]
+
+        /// What this side encodes on a channel, the decoder gives back, on
+        /// every protocol and channel (255 is v5's close signal, never a
+        /// data channel).
+        #[test]
+        fn channel_messages_round_trip(
+            proto in proptest::sample::select(PROTOCOLS.to_vec()),
+            channel in any::<u8>(),
+            data in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let p = protocol_of(Some(proto));
+            prop_assume!(!(p.close_signal && channel == CLOSE_SIGNAL));
+            let got = decode(p, encode(p.codec, channel, &data));
+            prop_assert_eq!(got, Incoming::Data(channel, Bytes::from(data)));
+        }
+
+        /// Any client message decodes to something, never a panic.
+        #[test]
+        fn any_message_decodes(
+            proto in proptest::option::of(proptest::sample::select(PROTOCOLS.to_vec())),
+            msg in message(),
+        ) {
+            let p = protocol_of(proto);
+            match decode(p, msg.clone()) {
+                Incoming::CloseChannel(_) => prop_assert!(p.close_signal),
+                Incoming::End => prop_assert!(matches!(msg, Message::Close(_) | Message::Binary(_))),
+                Incoming::Data(..) | Incoming::Skip => {}
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,8 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest as _, Sha256};
 
+use crust_quote::quote;
+
 use crate::error::{Error, Result};
 
 /// A validated `sha256:<64 lowercase hex>` digest.
@@ -19,16 +21,21 @@ impl Digest {
     pub fn parse(s: &str) -> Result<Self> {
         let Some((algo, hex)) = s.split_once(':') else {
             return Err(Error::InvalidArgument(format!(
-                "digest {s:?} has no algorithm prefix"
+                "digest {} has no algorithm prefix",
+                quote(s)
             )));
         };
         if algo != "sha256" {
             return Err(Error::Unsupported(format!(
-                "digest algorithm {algo:?} is not supported (only sha256)"
+                "digest algorithm {} is not supported (only sha256)",
+                quote(algo)
             )));
         }
         Self::from_hex(hex).ok_or_else(|| {
-            Error::InvalidArgument(format!("digest {s:?} is not 64 lowercase hex characters"))
+            Error::InvalidArgument(format!(
+                "digest {} is not 64 lowercase hex characters",
+                quote(s)
+            ))
         })
     }
 

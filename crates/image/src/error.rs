@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crust_quote::{clip, quote};
+
 /// What a caller can do about an error; the daemon maps it to a gRPC code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -25,7 +27,7 @@ pub enum ErrorKind {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid image reference {reference:?}: {reason}")]
+    #[error("invalid image reference {}: {reason}", quote(reference))]
     InvalidReference { reference: String, reason: String },
 
     #[error("invalid argument: {0}")]
@@ -37,10 +39,10 @@ pub enum Error {
     #[error("image ID prefix {0:?} matches more than one image")]
     Ambiguous(String),
 
-    #[error("registry {host}: authentication failed: {message}")]
+    #[error("registry {host}: authentication failed: {}", clip(message))]
     Unauthorized { host: String, message: String },
 
-    #[error("registry {host}: {message}")]
+    #[error("registry {host}: {}", clip(message))]
     Registry { host: String, message: String },
 
     #[error("{0}")]
@@ -131,7 +133,7 @@ impl<T> IoContext<T> for std::io::Result<T> {
     }
 }
 
-impl<T> IoContext<T> for rustix::io::Result<T> {
+impl<T> IoContext<T> for crust_linux::fs::Result<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|errno| Error::io(context(), errno.into()))
     }

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use reqwest::Url;
 use toml::{Table, Value};
 
+use crust_quote::{clip, quote};
+
 use crate::error::{Error, Result};
 use crate::reference::DEFAULT_DOMAIN;
 
@@ -160,14 +162,15 @@ pub fn parse_hosts_toml(
     registry: &str,
     base: &Path,
 ) -> std::result::Result<Vec<Endpoint>, String> {
-    let table: Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    // toml errors show the offending line, which may be any length.
+    let table: Table = toml::from_str(text).map_err(|e| clip(&e.to_string()).to_string())?;
     let mut out = Vec::new();
     if let Some(hosts) = table.get("host") {
         let hosts = hosts.as_table().ok_or("`host` must be a table")?;
         for (url, settings) in hosts {
             let settings = settings
                 .as_table()
-                .ok_or_else(|| format!("host {url:?} must be a table"))?;
+                .ok_or_else(|| format!("host {} must be a table", quote(url)))?;
             if let Some(ep) = endpoint_from(url, settings, base)? {
                 out.push(ep);
             }
@@ -201,16 +204,22 @@ fn endpoint_from(
     settings: &Table,
     base: &Path,
 ) -> std::result::Result<Option<Endpoint>, String> {
-    let parsed = Url::parse(url).map_err(|e| format!("host URL {url:?}: {e}"))?;
+    let parsed = Url::parse(url).map_err(|e| format!("host URL {}: {e}", quote(url)))?;
     let scheme = match parsed.scheme() {
         "http" => Scheme::Http,
         "https" => Scheme::Https,
-        other => return Err(format!("host URL {url:?}: unsupported scheme {other:?}")),
+        other => {
+            return Err(format!(
+                "host URL {}: unsupported scheme {}",
+                quote(url),
+                quote(other)
+            ));
+        }
     };
     let host = match (parsed.host_str(), parsed.port()) {
         (Some(h), Some(p)) => format!("{h}:{p}"),
         (Some(h), None) => h.to_string(),
-        (None, _) => return Err(format!("host URL {url:?} has no host")),
+        (None, _) => return Err(format!("host URL {} has no host", quote(url))),
     };
     let override_path = bool_setting(settings, "override_path")?.unwrap_or(false);
     let path = parsed.path().trim_end_matches('/');
@@ -276,7 +285,7 @@ fn parse_capabilities(v: &Value) -> std::result::Result<Capabilities, String> {
             "pull" => caps.pull = true,
             "resolve" => caps.resolve = true,
             "push" => caps.push = true,
-            other => return Err(format!("unknown capability {other:?}")),
+            other => return Err(format!("unknown capability {}", quote(other))),
         }
     }
     Ok(caps)

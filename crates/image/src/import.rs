@@ -11,6 +11,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crust_quote::quote;
 use serde::Deserialize;
 
 use crate::content::ContentStore;
@@ -24,6 +25,7 @@ use crate::manifest::{
 };
 use crate::reference::Reference;
 use crate::service::ImageService;
+use crate::tar_limit::{self, Counted};
 use crate::unpack::decompress;
 
 /// Metadata files kept in memory rather than stored as blobs.
@@ -55,7 +57,10 @@ impl Staged {
                 None => break,
             }
         }
-        Err(Error::Archive(format!("{path:?} is not in the archive")))
+        Err(Error::Archive(format!(
+            "{} is not in the archive",
+            quote(&path)
+        )))
     }
 }
 
@@ -117,9 +122,9 @@ fn stage_archive(
     let mut staged = Staged::default();
     let label = path.display().to_string();
     let reader = decompress(file, &label).map_err(|e| Error::Archive(e.to_string()))?;
-    let mut archive = tar::Archive::new(reader);
-    let entries = archive
-        .entries()
+    let (counted, meter) = Counted::new(reader);
+    let mut archive = tar::Archive::new(counted);
+    let entries = tar_limit::Entries::new(&mut archive, meter)
         .map_err(|e| Error::Archive(format!("not a tar archive: {e}")))?;
     for (n, entry) in entries.enumerate() {
         if n >= MAX_ENTRIES {
@@ -333,6 +338,29 @@ mod tests {
             "b/layer.tar"
         );
         assert_eq!(resolve_relative("a/layer.tar", "/x"), "x");
+    }
+
+    /// A long name claiming more than the metadata bound is refused while
+    /// it is read, not after it was buffered.
+    #[test]
+    fn oversized_long_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.as_old_mut().name[..13].copy_from_slice(b"././@LongLink");
+        h.set_size(8 << 20);
+        h.set_cksum();
+        let mut tar = h.as_bytes().to_vec();
+        tar.resize(tar.len() + (8 << 20), b'a');
+        tar.extend_from_slice(&[0u8; 1024]);
+        let path = dir.path().join("archive.tar.zst");
+        std::fs::write(&path, zstd::encode_all(tar.as_slice(), 1).unwrap()).unwrap();
+        let content = ContentStore::open(&dir.path().join("content")).unwrap();
+        let err = stage_archive(&content, &path, &Arc::new(Pins::default()))
+            .err()
+            .expect("an 8 MiB long name was accepted")
+            .to_string();
+        assert!(err.contains("over 4 MiB"), "{err}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! one. Leftovers of both are removed at open.
 
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -93,7 +94,7 @@ impl LayerStore {
         // Durable before visible: a crash after the rename must not leave a
         // layer with missing file data.
         let dir = File::open(tmp.path()).ctx(|| format!("opening {}", tmp.path().display()))?;
-        rustix::fs::syncfs(&dir).ctx(|| "syncing the layer".to_string())?;
+        crust_linux::fs::sync_filesystem(dir.as_fd()).ctx(|| "syncing the layer".to_string())?;
         let dest = self.dir.join(chain_id.hex());
         match std::fs::rename(tmp.path(), &dest) {
             Ok(()) => {

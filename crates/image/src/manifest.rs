@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crust_quote::{clip, quote};
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
@@ -98,8 +99,10 @@ pub enum Document {
 /// `mediaType` or, when absent (allowed by OCI), by shape.
 pub fn parse_document(bytes: &[u8]) -> Result<Document> {
     let bad = |e: String| Error::verification("manifest", e);
-    let value: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+    // serde's messages quote the offending string whole.
+    let json_err = |e: serde_json::Error| bad(clip(&e.to_string()).to_string());
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| bad(format!("not JSON: {}", clip(&e.to_string()))))?;
     match value
         .get("schemaVersion")
         .and_then(serde_json::Value::as_i64)
@@ -118,16 +121,17 @@ pub fn parse_document(bytes: &[u8]) -> Result<Document> {
         Some(OCI_MANIFEST | DOCKER_MANIFEST) => false,
         Some(other) => {
             return Err(Error::Unsupported(format!(
-                "manifest media type {other:?} is not a container image"
+                "manifest media type {} is not a container image",
+                quote(other)
             )));
         }
         None => value.get("manifests").is_some(),
     };
     if is_index {
-        let index: Index = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+        let index: Index = serde_json::from_value(value).map_err(json_err)?;
         Ok(Document::Index(index))
     } else {
-        let manifest: Manifest = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+        let manifest: Manifest = serde_json::from_value(value).map_err(json_err)?;
         check_image_manifest(&manifest)?;
         Ok(Document::Manifest(manifest))
     }
@@ -138,7 +142,8 @@ fn check_image_manifest(m: &Manifest) -> Result<()> {
     let config_type = m.config.media_type.as_str();
     if config_type != OCI_CONFIG && config_type != DOCKER_CONFIG {
         return Err(Error::Unsupported(format!(
-            "config media type {config_type:?} is not a container image"
+            "config media type {} is not a container image",
+            quote(config_type)
         )));
     }
     if m.config.size > MAX_CONFIG_BYTES {
@@ -153,8 +158,8 @@ fn check_image_manifest(m: &Manifest) -> Result<()> {
     for layer in &m.layers {
         if !LAYER_TYPES.contains(&layer.media_type.as_str()) {
             return Err(Error::Unsupported(format!(
-                "layer media type {:?} is not supported",
-                layer.media_type
+                "layer media type {} is not supported",
+                quote(&layer.media_type)
             )));
         }
     }
@@ -207,7 +212,7 @@ pub fn select_manifest<'a>(index: &'a Index, host: &Platform) -> Result<&'a Desc
                 "manifest for {}/{} (index has: {})",
                 host.os,
                 host.architecture,
-                available.join(", ")
+                clip(&available.join(", "))
             ))
         })
 }
@@ -319,11 +324,11 @@ struct RawRunConfig {
 /// Parses a config blob; `null` anywhere Docker writes it reads as empty.
 pub fn parse_config(bytes: &[u8]) -> Result<ConfigFile> {
     let raw: RawConfigFile = serde_json::from_slice(bytes)
-        .map_err(|e| Error::verification("image config", e.to_string()))?;
+        .map_err(|e| Error::verification("image config", clip(&e.to_string()).to_string()))?;
     if raw.rootfs.kind != "layers" {
         return Err(Error::Unsupported(format!(
-            "image config rootfs type {:?} (want \"layers\")",
-            raw.rootfs.kind
+            "image config rootfs type {} (want \"layers\")",
+            quote(&raw.rootfs.kind)
         )));
     }
     let rc = raw.config.unwrap_or_default();

@@ -4,6 +4,8 @@
 use std::fmt;
 
 use crate::digest::Digest;
+use crust_quote::quote;
+
 use crate::error::{Error, Result};
 
 pub const DEFAULT_DOMAIN: &str = "docker.io";
@@ -161,12 +163,12 @@ fn check_tag(tag: &str) -> std::result::Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid tag {tag:?}"))
+        Err(format!("invalid tag {}", quote(tag)))
     }
 }
 
 fn check_domain(domain: &str) -> std::result::Result<(), String> {
-    let bad = || Err(format!("invalid registry host {domain:?}"));
+    let bad = || Err(format!("invalid registry host {}", quote(domain)));
     let (host, port) = if let Some(rest) = domain.strip_prefix('[') {
         // [IPv6]:port
         let Some((v6, after)) = rest.split_once(']') else {
@@ -215,7 +217,10 @@ fn check_path(path: &str) -> std::result::Result<(), String> {
     }
     for component in path.split('/') {
         if !is_path_component(component) {
-            return Err(format!("invalid repository path component {component:?}"));
+            return Err(format!(
+                "invalid repository path component {}",
+                quote(component)
+            ));
         }
     }
     Ok(())

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use crust_quote::quote;
 use futures_util::StreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
@@ -612,7 +613,7 @@ async fn exchange_identity_token(ep: &Endpoint, repository: &str, refresh: &str)
         .and_then(parse_bearer_challenge)
         .ok_or_else(|| fail("an identity token needs a registry with token auth, and this one sent no Bearer challenge".to_string()))?;
     let realm = reqwest::Url::parse(&challenge.realm)
-        .map_err(|e| fail(format!("token realm {:?}: {e}", challenge.realm)))?;
+        .map_err(|e| fail(format!("token realm {}: {e}", quote(&challenge.realm))))?;
     check_realm(ep, &realm).map_err(fail)?;
     let scope = format!("repository:{repository}:pull");
     let mut form = vec![
@@ -705,6 +706,7 @@ fn token_http_client(ep: &Endpoint) -> Result<reqwest::Client> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     fn creds() -> Credentials {
         Credentials::default()
@@ -792,6 +794,56 @@ mod tests {
         assert!(parse_bearer_challenge(r#"Basic realm="x""#).is_none());
         assert!(parse_bearer_challenge("Bearer service=x").is_none());
         assert!(parse_bearer_challenge("").is_none());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crust_quote::testing::config(1024))]
+
+        /// Any WWW-Authenticate value: a challenge or none, never a panic;
+        /// a quoted realm comes back unescaped.
+        #[test]
+        fn any_challenge_parses_or_is_none(
+            scheme in proptest::prop_oneof!["Bearer", "bearer", "Basic", "[A-Za-z]{0,8}"],
+            params in proptest::collection::vec(
+                (
+                    proptest::prop_oneof!["realm", "service", "scope", "REALM", "[a-z=,\" ]{0,6}"],
+                    crust_quote::testing::hostile_string(),
+                    proptest::prelude::any::<bool>(),
+                ),
+                0..5,
+            ),
+            tail in crust_quote::testing::hostile_string(),
+        ) {
+            let mut header = format!("{scheme} ");
+            for (k, v, quoted) in &params {
+                if *quoted {
+                    let escaped = v.replace('\\', "\\\\").replace('"', "\\\"");
+                    header.push_str(&format!("{k}=\"{escaped}\","));
+                } else {
+                    header.push_str(&format!("{k}={v},"));
+                }
+            }
+            header.push_str(&tail);
+            if let Some(c) = parse_bearer_challenge(&header) {
+                proptest::prop_assert!(scheme.eq_ignore_ascii_case("bearer"));
+                proptest::prop_assert!(c.realm.len() <= header.len());
+            }
+            let _ = parse_auth_params(&tail);
+        }
+
+        #[test]
+        fn any_token_response_is_a_token_or_none(
+            body in proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+                crust_quote::testing::hostile_string().prop_map(|t| {
+                    serde_json::json!({"access_token": t, "token": "x"}).to_string().into_bytes()
+                }),
+            ]
+        ) {
+            if let Some(t) = access_token_from(&body) {
+                proptest::prop_assert!(!t.is_empty());
+            }
+        }
     }
 
     #[test]

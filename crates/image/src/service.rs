@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crust_quote::quote;
 use crust_store::Store;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -497,7 +498,7 @@ impl ImageService {
         let _index = self.inner.index_lock.lock().await;
         let images = self.list()?;
         let (image, _) = index::find(&images, query)?
-            .ok_or_else(|| Error::NotFound(format!("image {query:?}")))?;
+            .ok_or_else(|| Error::NotFound(format!("image {}", quote(query))))?;
         let mut image = image.clone();
         image.pinned = pinned;
         self.inner.store.put(&image)?;
@@ -524,7 +525,7 @@ impl ImageService {
         let _index = self.inner.index_lock.lock().await;
         let images = self.list()?;
         let (image, _) = index::find(&images, image)?
-            .ok_or_else(|| Error::NotFound(format!("image {image:?}")))?;
+            .ok_or_else(|| Error::NotFound(format!("image {}", quote(image))))?;
         if let Some(missing) = image.chain_ids.iter().find(|c| !self.inner.layers.has(c)) {
             return Err(Error::NotFound(format!(
                 "layer {missing} of image {} (pull the image again)",

@@ -9,21 +9,20 @@
 //! whiteouts (char 0:0) and opaque markers `trusted.overlay.opaque=y`.
 
 use std::ffi::{OsStr, OsString};
-use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
-use std::os::fd::OwnedFd;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::fs::Timespec;
-use rustix::fs::{AtFlags, CWD, FileType, Gid, Mode, OFlags, Timestamps, Uid, XattrFlags, makedev};
-use rustix::io::Errno;
+use crust_linux::fs::{Dir, Errno, FileKind, NodeKind};
+use crust_quote::{quote, quote_bytes};
 use sha2::{Digest as _, Sha256};
 
 use crate::digest::Digest;
 use crate::error::{Error, IoContext, Result};
+use crate::tar_limit::{self, Counted};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
@@ -37,7 +36,7 @@ const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 /// Whether unpack may do what only root can: keep owners, create device
 /// nodes, whiteouts and opaque markers.
 pub fn running_as_root() -> bool {
-    rustix::process::geteuid().is_root()
+    crust_linux::fs::running_as_root()
 }
 
 /// Unpacks a gzip, zstd or plain tar layer into the existing, empty dir
@@ -51,11 +50,11 @@ pub fn unpack_layer(
     privileged: bool,
     cancel: &AtomicBool,
 ) -> Result<Digest> {
-    let root = rustix::fs::openat(CWD, dest, dir_flags(), Mode::empty())
-        .ctx(|| format!("opening layer dir {}", dest.display()))?;
+    let root = Dir::open(dest).ctx(|| format!("opening layer dir {}", dest.display()))?;
     let mut tar_stream = HashingReader::new(decompress(blob, label)?);
     {
-        let mut archive = tar::Archive::new(&mut tar_stream);
+        let (counted, meter) = Counted::new(&mut tar_stream);
+        let mut archive = tar::Archive::new(counted);
         let mut unpacker = Unpacker {
             root: Rc::new(root),
             privileged,
@@ -63,8 +62,7 @@ pub fn unpack_layer(
             dir_times: Vec::new(),
             cached_parent: None,
         };
-        let entries = archive
-            .entries()
+        let entries = tar_limit::Entries::new(&mut archive, meter)
             .map_err(|e| Error::layer(label, format!("not a tar archive: {e}")))?;
         for entry in entries {
             if cancel.load(Ordering::Relaxed) {
@@ -128,10 +126,6 @@ impl<R: Read> Read for HashingReader<R> {
     }
 }
 
-fn dir_flags() -> OFlags {
-    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
-}
-
 /// Splits an entry path into its components: `.` and empty ones dropped (so
 /// a leading `/` is stripped), `..` refused.
 fn clean_path(raw: &[u8]) -> std::result::Result<Vec<OsString>, String> {
@@ -157,26 +151,6 @@ struct Meta {
     gid: u32,
     mtime: i64,
     xattrs: Vec<(OsString, Vec<u8>)>,
-}
-
-impl Meta {
-    fn timestamps(&self) -> Timestamps {
-        let t = Timespec {
-            tv_sec: self.mtime,
-            tv_nsec: 0,
-        };
-        Timestamps {
-            last_access: t,
-            last_modification: t,
-        }
-    }
-
-    fn owner(&self) -> (Option<Uid>, Option<Gid>) {
-        (
-            Some(Uid::from_raw_unchecked(self.uid)),
-            Some(Gid::from_raw_unchecked(self.gid)),
-        )
-    }
 }
 
 fn read_meta<R: Read>(entry: &mut tar::Entry<R>) -> std::result::Result<Meta, String> {
@@ -255,13 +229,14 @@ fn xattr_allowed(name: &str) -> bool {
 }
 
 struct Unpacker<'a> {
-    root: Rc<OwnedFd>,
+    root: Rc<Dir>,
     privileged: bool,
     label: &'a str,
-    /// Directory mtimes, applied last: creating entries inside a dir changes it.
-    dir_times: Vec<(Vec<OsString>, Timestamps)>,
+    /// Directory mtimes (seconds), applied last: creating entries inside a
+    /// dir changes it.
+    dir_times: Vec<(Vec<OsString>, i64)>,
     /// The last parent dir walked to (entries come grouped by directory).
-    cached_parent: Option<(Vec<OsString>, Rc<OwnedFd>)>,
+    cached_parent: Option<(Vec<OsString>, Rc<Dir>)>,
 }
 
 impl Unpacker<'_> {
@@ -273,8 +248,7 @@ impl Unpacker<'_> {
                 Error::Layer { reason, .. } => reason,
                 other => other.to_string(),
             };
-            let shown = String::from_utf8_lossy(&raw);
-            Error::layer(self.label, format!("entry {shown:?}: {reason}"))
+            Error::layer(self.label, format!("entry {}: {reason}", quote_bytes(&raw)))
         })
     }
 
@@ -325,7 +299,7 @@ impl Unpacker<'_> {
 
     /// Opens (creating missing dirs) the directory holding an entry, one
     /// component at a time, never following a symlink.
-    fn parent(&mut self, comps: &[OsString]) -> Result<Rc<OwnedFd>> {
+    fn parent(&mut self, comps: &[OsString]) -> Result<Rc<Dir>> {
         if let Some((path, fd)) = &self.cached_parent
             && path.as_slice() == comps
         {
@@ -336,8 +310,10 @@ impl Unpacker<'_> {
         Ok(fd)
     }
 
-    fn walk(&self, comps: &[OsString], create: bool) -> Result<OwnedFd> {
-        let mut fd = rustix::fs::openat(&*self.root, ".", dir_flags(), Mode::empty())
+    fn walk(&self, comps: &[OsString], create: bool) -> Result<Dir> {
+        let mut fd = self
+            .root
+            .reopen()
             .ctx(|| "reopening the layer dir".to_string())?;
         for (i, c) in comps.iter().enumerate() {
             let here = || {
@@ -347,33 +323,30 @@ impl Unpacker<'_> {
                     .collect::<Vec<_>>()
                     .join("/")
             };
-            fd = match rustix::fs::openat(&fd, c, dir_flags(), Mode::empty()) {
+            fd = match fd.open_dir(c) {
                 Ok(next) => next,
-                Err(Errno::NOENT) if create => {
-                    rustix::fs::mkdirat(&fd, c, Mode::from_raw_mode(0o755))
-                        .ctx(|| format!("creating {}", here()))?;
-                    rustix::fs::openat(&fd, c, dir_flags(), Mode::empty())
-                        .ctx(|| format!("opening {}", here()))?
+                Err(Errno::ENOENT) if create => {
+                    fd.create_dir(c, 0o755)
+                        .ctx(|| format!("creating {}", quote(&here())))?;
+                    fd.open_dir(c).ctx(|| format!("opening {}", quote(&here())))?
                 }
-                Err(Errno::LOOP | Errno::NOTDIR) => {
-                    let what = match rustix::fs::statat(&fd, c, AtFlags::SYMLINK_NOFOLLOW) {
-                        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
-                            "a symlink"
-                        }
+                Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                    let what = match fd.kind(c) {
+                        Ok(FileKind::Symlink) => "a symlink",
                         _ => "not a directory",
                     };
                     return Err(Error::layer(
                         self.label,
-                        format!("path goes through {:?}, which is {what}", here()),
+                        format!("path goes through {}, which is {what}", quote(&here())),
                     ));
                 }
-                Err(Errno::NOENT) => {
+                Err(Errno::ENOENT) => {
                     return Err(Error::layer(
                         self.label,
-                        format!("{:?} is not in this layer", here()),
+                        format!("{} is not in this layer", quote(&here())),
                     ));
                 }
-                Err(e) => return Err(Error::io(format!("opening {}", here()), e.into())),
+                Err(e) => return Err(Error::io(format!("opening {}", quote(&here())), e.into())),
             };
         }
         Ok(fd)
@@ -382,12 +355,12 @@ impl Unpacker<'_> {
     /// Removes what is at `name` so a new entry can take its place; an
     /// existing dir is kept when the new entry is a dir too (tar semantics).
     /// Returns whether a dir was kept.
-    fn clear(&mut self, parent: &OwnedFd, name: &OsStr, keep_dir: bool) -> Result<bool> {
-        let st = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Err(Errno::NOENT) => return Ok(false),
-            other => other.ctx(|| format!("inspecting {}", name.to_string_lossy()))?,
+    fn clear(&mut self, parent: &Dir, name: &OsStr, keep_dir: bool) -> Result<bool> {
+        let kind = match parent.kind(name) {
+            Err(Errno::ENOENT) => return Ok(false),
+            other => other.ctx(|| format!("inspecting {}", quote(&name.to_string_lossy())))?,
         };
-        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+        if kind == FileKind::Directory {
             if keep_dir {
                 return Ok(true);
             }
@@ -395,17 +368,18 @@ impl Unpacker<'_> {
             self.cached_parent = None;
             remove_tree(parent, name)?;
         } else {
-            rustix::fs::unlinkat(parent, name, AtFlags::empty())
-                .ctx(|| format!("replacing {}", name.to_string_lossy()))?;
+            parent
+                .remove_file(name)
+                .ctx(|| format!("replacing {}", quote(&name.to_string_lossy())))?;
         }
         Ok(false)
     }
 
-    fn whiteout(&mut self, parent: &OwnedFd, name: &OsStr) -> Result<()> {
+    fn whiteout(&mut self, parent: &Dir, name: &OsStr) -> Result<()> {
         let name_bytes = name.as_bytes();
         if name_bytes == OPAQUE_MARKER.as_bytes() {
             self.require_root("an opaque directory")?;
-            return rustix::fs::fsetxattr(parent, OPAQUE_XATTR, b"y", XattrFlags::empty())
+            return crust_linux::fs::set_xattr(parent.as_fd(), OsStr::new(OPAQUE_XATTR), b"y")
                 .ctx(|| "marking the directory opaque".to_string());
         }
         let hidden = &name_bytes[WHITEOUT_PREFIX.len()..];
@@ -419,14 +393,9 @@ impl Unpacker<'_> {
         self.require_root("a whiteout")?;
         let hidden = OsStr::from_bytes(hidden);
         self.clear(parent, hidden, false)?;
-        rustix::fs::mknodat(
-            parent,
-            hidden,
-            FileType::CharacterDevice,
-            Mode::empty(),
-            makedev(0, 0),
-        )
-        .ctx(|| "creating the whiteout".to_string())
+        parent
+            .make_node(hidden, NodeKind::CharDevice, 0, 0, 0)
+            .ctx(|| "creating the whiteout".to_string())
     }
 
     fn require_root(&self, what: &str) -> Result<()> {
@@ -443,58 +412,51 @@ impl Unpacker<'_> {
     fn root_dir(&mut self, meta: &Meta) -> Result<()> {
         let root = self.root.clone();
         self.set_owner_mode_xattrs(&root, meta)?;
-        self.dir_times.push((Vec::new(), meta.timestamps()));
+        self.dir_times.push((Vec::new(), meta.mtime));
         Ok(())
     }
 
-    fn dir(
-        &mut self,
-        parent: &OwnedFd,
-        name: &OsStr,
-        comps: &[OsString],
-        meta: &Meta,
-    ) -> Result<()> {
+    fn dir(&mut self, parent: &Dir, name: &OsStr, comps: &[OsString], meta: &Meta) -> Result<()> {
         if !self.clear(parent, name, true)? {
-            rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
+            parent
+                .create_dir(name, 0o700)
                 .ctx(|| "creating the directory".to_string())?;
         }
-        let fd = rustix::fs::openat(parent, name, dir_flags(), Mode::empty())
+        let fd = parent
+            .open_dir(name)
             .ctx(|| "opening the directory".to_string())?;
         self.set_owner_mode_xattrs(&fd, meta)?;
-        self.dir_times.push((comps.to_vec(), meta.timestamps()));
+        self.dir_times.push((comps.to_vec(), meta.mtime));
         Ok(())
     }
 
     fn file<R: Read>(
         &mut self,
-        parent: &OwnedFd,
+        parent: &Dir,
         name: &OsStr,
         data: &mut R,
         meta: &Meta,
     ) -> Result<()> {
         self.clear(parent, name, false)?;
-        let flags =
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(parent, name, flags, Mode::from_raw_mode(0o600))
+        let mut file = parent
+            .create_file(name, 0o600)
             .ctx(|| "creating the file".to_string())?;
-        let mut file = File::from(fd);
         io::copy(data, &mut file).ctx(|| "writing the file".to_string())?;
         self.set_owner_mode_xattrs(&file, meta)?;
-        rustix::fs::futimens(&file, &meta.timestamps()).ctx(|| "setting times".to_string())
+        crust_linux::fs::set_mtime(file.as_fd(), meta.mtime).ctx(|| "setting times".to_string())
     }
 
     /// Owner first (chown clears setuid bits and file capabilities), then
     /// mode, then xattrs.
-    fn set_owner_mode_xattrs(&self, fd: impl std::os::fd::AsFd, meta: &Meta) -> Result<()> {
+    fn set_owner_mode_xattrs(&self, fd: impl AsFd, meta: &Meta) -> Result<()> {
+        let fd = fd.as_fd();
         if self.privileged {
-            let (uid, gid) = meta.owner();
-            rustix::fs::fchown(&fd, uid, gid).ctx(|| "setting the owner".to_string())?;
+            crust_linux::fs::set_owner(fd, meta.uid, meta.gid)
+                .ctx(|| "setting the owner".to_string())?;
         }
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(meta.mode))
-            .ctx(|| "setting the mode".to_string())?;
+        crust_linux::fs::set_mode(fd, meta.mode).ctx(|| "setting the mode".to_string())?;
         for (name, value) in &meta.xattrs {
-            if let Err(e) = rustix::fs::fsetxattr(&fd, name.as_os_str(), value, XattrFlags::empty())
-            {
+            if let Err(e) = crust_linux::fs::set_xattr(fd, name, value) {
                 // As docker: a filesystem without xattr support does not
                 // fail the pull.
                 tracing::warn!(layer = self.label, xattr = ?name, error = %e, "cannot set xattr");
@@ -505,7 +467,7 @@ impl Unpacker<'_> {
 
     fn symlink(
         &mut self,
-        parent: &OwnedFd,
+        parent: &Dir,
         name: &OsStr,
         target: Option<&[u8]>,
         meta: &Meta,
@@ -515,18 +477,20 @@ impl Unpacker<'_> {
             .ok_or_else(|| Error::layer(self.label, "symlink without a valid target"))?;
         self.clear(parent, name, false)?;
         // The target is only text in the layer; it is never followed here.
-        rustix::fs::symlinkat(OsStr::from_bytes(target), parent, name)
+        parent
+            .symlink(name, OsStr::from_bytes(target))
             .ctx(|| "creating the symlink".to_string())?;
         self.set_link_owner_times(parent, name, meta)
     }
 
-    fn set_link_owner_times(&self, parent: &OwnedFd, name: &OsStr, meta: &Meta) -> Result<()> {
+    fn set_link_owner_times(&self, parent: &Dir, name: &OsStr, meta: &Meta) -> Result<()> {
         if self.privileged {
-            let (uid, gid) = meta.owner();
-            rustix::fs::chownat(parent, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)
+            parent
+                .set_owner_of(name, meta.uid, meta.gid)
                 .ctx(|| "setting the owner".to_string())?;
         }
-        rustix::fs::utimensat(parent, name, &meta.timestamps(), AtFlags::SYMLINK_NOFOLLOW)
+        parent
+            .set_mtime_of(name, meta.mtime)
             .ctx(|| "setting times".to_string())
     }
 
@@ -534,7 +498,7 @@ impl Unpacker<'_> {
     /// reached without symlinks.
     fn hardlink(
         &mut self,
-        parent: &OwnedFd,
+        parent: &Dir,
         name: &OsStr,
         comps: &[OsString],
         target: Option<&[u8]>,
@@ -542,9 +506,8 @@ impl Unpacker<'_> {
         let label = self.label;
         let bad = |reason: String| Error::layer(label, format!("hardlink {reason}"));
         let target = target.ok_or_else(|| bad("no target".to_string()))?;
-        let shown_target = String::from_utf8_lossy(target).into_owned();
-        let tcomps =
-            clean_path(target).map_err(|r| bad(format!("target {shown_target:?}: {r}")))?;
+        let shown_target = quote_bytes(target);
+        let tcomps = clean_path(target).map_err(|r| bad(format!("target {shown_target}: {r}")))?;
         if tcomps.as_slice() == comps {
             return Ok(());
         }
@@ -552,93 +515,120 @@ impl Unpacker<'_> {
             .split_last()
             .ok_or_else(|| bad("target is the layer root".to_string()))?;
         let tparent = self.walk(tparents, false).map_err(|e| match e {
-            Error::Layer { reason, .. } => bad(format!("target {shown_target:?}: {reason}")),
+            Error::Layer { reason, .. } => bad(format!("target {shown_target}: {reason}")),
             other => other,
         })?;
-        match rustix::fs::statat(&tparent, tname, AtFlags::SYMLINK_NOFOLLOW) {
-            Err(Errno::NOENT) => {
-                return Err(bad(format!("target {shown_target:?} is not in this layer")));
+        match tparent.kind(tname) {
+            Err(Errno::ENOENT) => {
+                return Err(bad(format!("target {shown_target} is not in this layer")));
             }
-            Err(e) => return Err(Error::io(format!("inspecting {shown_target:?}"), e.into())),
-            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
-                return Err(bad(format!("target {shown_target:?} is a directory")));
+            Err(e) => return Err(Error::io(format!("inspecting {shown_target}"), e.into())),
+            Ok(FileKind::Directory) => {
+                return Err(bad(format!("target {shown_target} is a directory")));
             }
             Ok(_) => {}
         }
         self.clear(parent, name, false)?;
-        // No AT_SYMLINK_FOLLOW: a symlink target is linked as the symlink.
-        rustix::fs::linkat(&tparent, tname, parent, name, AtFlags::empty())
-            .ctx(|| format!("linking to {shown_target:?}"))
+        // A symlink target is linked as the symlink.
+        parent
+            .hard_link(name, &tparent, tname)
+            .ctx(|| format!("linking to {shown_target}"))
     }
 
     fn node(
         &mut self,
-        parent: &OwnedFd,
+        parent: &Dir,
         name: &OsStr,
         header: &tar::Header,
         kind: tar::EntryType,
         meta: &Meta,
     ) -> Result<()> {
-        let file_type = match kind {
-            tar::EntryType::Char => FileType::CharacterDevice,
-            tar::EntryType::Block => FileType::BlockDevice,
-            _ => FileType::Fifo,
+        let node = match kind {
+            tar::EntryType::Char => NodeKind::CharDevice,
+            tar::EntryType::Block => NodeKind::BlockDevice,
+            _ => NodeKind::Fifo,
         };
-        if file_type != FileType::Fifo && !self.privileged {
+        if node != NodeKind::Fifo && !self.privileged {
             tracing::warn!(layer = self.label, entry = ?name, "skipping a device node: not root");
             return Ok(());
         }
         let num = |v: io::Result<Option<u32>>| v.ok().flatten().unwrap_or(0);
-        let dev = makedev(num(header.device_major()), num(header.device_minor()));
+        let (major, minor) = (num(header.device_major()), num(header.device_minor()));
         self.clear(parent, name, false)?;
-        rustix::fs::mknodat(parent, name, file_type, Mode::from_raw_mode(meta.mode), dev)
+        parent
+            .make_node(name, node, meta.mode, major, minor)
             .ctx(|| "creating the node".to_string())?;
         // mknod applies the umask; the node is ours alone, so no race here.
-        rustix::fs::chmodat(
-            parent,
-            name,
-            Mode::from_raw_mode(meta.mode),
-            AtFlags::empty(),
-        )
-        .ctx(|| "setting the mode".to_string())?;
+        parent
+            .set_mode_of(name, meta.mode)
+            .ctx(|| "setting the mode".to_string())?;
         self.set_link_owner_times(parent, name, meta)
     }
 
     fn set_dir_times(&mut self) -> Result<()> {
         let dirs = std::mem::take(&mut self.dir_times);
-        for (comps, times) in dirs.iter().rev() {
+        for (comps, mtime) in dirs.iter().rev() {
             // A dir replaced by a later entry is simply gone.
             let Ok(fd) = self.walk(comps, false) else {
                 continue;
             };
-            rustix::fs::futimens(&fd, times).ctx(|| "setting directory times".to_string())?;
+            crust_linux::fs::set_mtime(fd.as_fd(), *mtime)
+                .ctx(|| "setting directory times".to_string())?;
         }
         Ok(())
     }
 }
 
 /// Removes a directory tree fd-relatively, never following symlinks.
-fn remove_tree(parent: &OwnedFd, name: &OsStr) -> Result<()> {
-    let dir = rustix::fs::openat(parent, name, dir_flags(), Mode::empty())
-        .ctx(|| format!("opening {} to replace it", name.to_string_lossy()))?;
-    let mut children = Vec::new();
-    for entry in rustix::fs::Dir::read_from(&dir).ctx(|| "listing a directory".to_string())? {
-        let entry = entry.ctx(|| "listing a directory".to_string())?;
-        let child = OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
-        if child != "." && child != ".." {
-            children.push((child, entry.file_type() == FileType::Directory));
+///
+/// Iterative, one dir fd open at a time: a layer may build a tree 2048
+/// levels deep (PATH_MAX / "a/"), which a recursive walk turns into a stack
+/// overflow (an abort of the whole daemon) on a blocking thread's stack.
+fn remove_tree(parent: &Dir, name: &OsStr) -> Result<()> {
+    let open = |at: &Dir, name: &OsStr| {
+        at.open_dir(name)
+            .ctx(|| format!("opening {} to replace it", quote(&name.to_string_lossy())))
+    };
+    // The names from `parent` down to `dir`.
+    let mut names = vec![name.to_os_string()];
+    let mut dir = open(parent, name)?;
+    loop {
+        match unlink_files_until_subdir(&dir)? {
+            Some(child) => {
+                dir = open(&dir, &child)?;
+                names.push(child);
+            }
+            None => {
+                let done = names.pop().expect("the tree's own name is last");
+                let up = if names.is_empty() {
+                    None
+                } else {
+                    // `..` of a dir reached without symlinks is its parent.
+                    Some(open(&dir, OsStr::new(".."))?)
+                };
+                let at = up.as_ref().unwrap_or(parent);
+                at.remove_dir(&done)
+                    .ctx(|| format!("removing {}", quote(&done.to_string_lossy())))?;
+                match up {
+                    Some(up) => dir = up,
+                    None => return Ok(()),
+                }
+            }
         }
     }
-    for (child, is_dir) in children {
-        if is_dir {
-            remove_tree(&dir, &child)?;
-        } else {
-            rustix::fs::unlinkat(&dir, &child, AtFlags::empty())
-                .ctx(|| format!("removing {}", child.to_string_lossy()))?;
+}
+
+/// Unlinks the non-directories in `dir` until it meets a subdirectory,
+/// whose name it returns; `None` when `dir` is now empty.
+fn unlink_files_until_subdir(dir: &Dir) -> Result<Option<OsString>> {
+    for (child, kind) in dir.entries().ctx(|| "listing a directory".to_string())? {
+        if kind == FileKind::Directory {
+            return Ok(Some(child));
         }
+        dir.remove_file(&child)
+            .ctx(|| format!("removing {}", quote(&child.to_string_lossy())))?;
     }
-    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
-        .ctx(|| format!("removing {}", name.to_string_lossy()))
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -821,7 +811,11 @@ mod tests {
         let wh = std::fs::symlink_metadata(f.layer.join("gone")).unwrap();
         assert!(wh.file_type().is_char_device());
         assert_eq!(wh.rdev(), 0);
-        let opaque = rustix::fs::getxattr(f.layer.join("d"), OPAQUE_XATTR, &mut [0u8; 4][..]);
+        let opaque = crust_linux::fs::get_xattr(
+            &f.layer.join("d"),
+            OsStr::new(OPAQUE_XATTR),
+            &mut [0u8; 4][..],
+        );
         assert_eq!(opaque.unwrap(), 1);
         assert!(!f.layer.join("d/.wh..wh..opq").exists());
         assert!(!f.layer.join("d/.wh..wh.plnk").exists());
@@ -945,6 +939,38 @@ mod tests {
         unpack(&f, &tar).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"original");
         assert_eq!(std::fs::read(f.layer.join("x")).unwrap(), b"replaced");
+    }
+
+    /// A tree as deep as a layer can make it (2048 levels), replaced by a
+    /// file, on a small stack: removing it must not recurse per level.
+    #[test]
+    fn replacing_a_very_deep_tree_does_not_overflow_the_stack() {
+        let f = fixture();
+        let deep = "d/".repeat(2047);
+        let mut layer = Layer::new();
+        layer.0.mode(tar::HeaderMode::Deterministic);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(1);
+        h.set_mode(0o644);
+        layer
+            .0
+            .append_data(&mut h, format!("{deep}f"), &b"x"[..])
+            .unwrap();
+        let tar = layer.file("d", b"now a file").bytes();
+        let dest = f.layer.clone();
+        let result = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                unpack_layer(tar.as_slice(), &dest, "l", false, &AtomicBool::new(false))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        result.unwrap();
+        assert_eq!(std::fs::read(f.layer.join("d")).unwrap(), b"now a file");
     }
 
     #[test]

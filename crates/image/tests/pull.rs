@@ -81,7 +81,11 @@ async fn pulls_a_multi_layer_image_with_whiteouts_and_opaque_dir() {
         let wh = std::fs::symlink_metadata(three.join("etc/motd")).unwrap();
         assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
         let mut buf = [0u8; 4];
-        let n = rustix::fs::getxattr(three.join("data"), "trusted.overlay.opaque", &mut buf[..]);
+        let n = crust_linux::fs::get_xattr(
+            &three.join("data"),
+            std::ffi::OsStr::new("trusted.overlay.opaque"),
+            &mut buf[..],
+        );
         assert_eq!(n.unwrap(), 1);
         assert_eq!(&buf[..1], b"y");
     }

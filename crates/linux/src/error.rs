@@ -43,6 +43,10 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// The process whose namespaces were to be joined has exited.
+    #[error("process {pid} is gone")]
+    ProcessGone { pid: i32 },
+
     /// The namespace helper thread died (a bug, reported instead of
     /// propagating the panic into the daemon).
     #[error("namespace helper thread panicked")]

@@ -7,16 +7,29 @@
 //!   dir; [`ns::unpin_namespaces`] undoes it. [`ns::run_in_namespaces`] runs a
 //!   closure inside pinned namespaces (port-forward dials, checks);
 //!   [`ns::apply_sysctls`] writes sysctls into them later (after CNI ADD).
-//! - [`cgroups::PodCgroup`] is the pod's cgroup under kubelet's `cgroup_parent`.
+//! - `cgroups::PodCgroup` (feature `cgroups`) is the pod's cgroup under
+//!   kubelet's `cgroup_parent`.
 //! - [`sysctl`] decides which sysctls a pod may set.
-//! - [`mounts`] holds the pod's shared `/dev/shm`.
+//! - [`mounts`] holds the pod's shared `/dev/shm` and containers' overlays;
+//!   [`mountinfo`] reads the mount table.
 //!
-//! For a container's monitor: [`process`] (fork, descriptor passing, ptys).
+//! For a container's monitor: [`process`] (fork, sessions, signals, exec),
+//! [`children`] (SIGCHLD and reaping), [`poll`], [`console`] (ptys and
+//! descriptor passing), [`ns::ProcessNamespaces`] (joining a container).
+//!
+//! For image layers and crust's own files: [`fs`] (fd-relative, never
+//! following a symlink).
 
+#[cfg(feature = "cgroups")]
 pub mod cgroups;
+pub mod children;
+pub mod console;
 mod error;
+pub mod fs;
+pub mod mountinfo;
 pub mod mounts;
 pub mod ns;
+pub mod poll;
 pub mod process;
 pub mod sysctl;
 

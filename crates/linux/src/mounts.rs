@@ -67,19 +67,7 @@ pub fn is_shm_mounted(path: &Path) -> bool {
 /// Unmounts whatever is mounted at `path` (without following a symlink)
 /// and removes the directory. Idempotent.
 pub fn unmount_and_remove_dir(path: &Path) -> Result<(), Error> {
-    for _ in 0..16 {
-        match nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
-            Ok(()) => continue,
-            Err(Errno::EINVAL | Errno::ENOENT) => break,
-            Err(e) => {
-                return Err(Error::Io {
-                    op: "unmount",
-                    path: path.to_path_buf(),
-                    source: e.into(),
-                });
-            }
-        }
-    }
+    unmount_all(path)?;
     match std::fs::remove_dir(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -207,6 +195,14 @@ pub fn mount_overlay(
 /// Unmounts `path` (lazily, without following a symlink) if something is
 /// mounted there. Idempotent.
 pub fn unmount(path: &Path) -> Result<(), Error> {
+    unmount_all(path)
+}
+
+/// Unmounts every mount stacked on `path` (lazily) without following a
+/// symlink there. Not mounted or missing counts as done.
+pub(crate) fn unmount_all(path: &Path) -> Result<(), Error> {
+    // Bounded: a pin or a pod's /dev/shm is mounted once; more means
+    // someone stacked mounts.
     for _ in 0..16 {
         match nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
             Ok(()) => continue,
@@ -220,7 +216,11 @@ pub fn unmount(path: &Path) -> Result<(), Error> {
             }
         }
     }
-    Ok(())
+    Err(Error::Io {
+        op: "unmount",
+        path: path.to_path_buf(),
+        source: std::io::Error::other("still mounted after 16 unmounts"),
+    })
 }
 
 /// Reads the regular file `rel` (e.g. `etc/passwd`) inside `root` without

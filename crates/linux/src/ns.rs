@@ -22,10 +22,11 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::mount::{MntFlags, MsFlags};
+use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 use nix::sys::statfs::{NSFS_MAGIC, statfs};
 
+use crate::mounts::unmount_all;
 use crate::{Error, sysctl};
 
 /// The namespaces a pod sandbox can own and pin.
@@ -357,28 +358,84 @@ fn remove_files(targets: &[(NamespaceKind, PathBuf, File)]) {
     }
 }
 
-/// Unmounts every mount stacked on `path` without following a symlink
-/// there. Not mounted or missing counts as done.
-fn unmount_all(path: &Path) -> Result<(), Error> {
-    // Bounded: a pin is mounted once; more means someone stacked mounts.
-    for _ in 0..16 {
-        match nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
-            Ok(()) => continue,
-            Err(Errno::EINVAL | Errno::ENOENT) => return Ok(()),
-            Err(e) => {
-                return Err(Error::Io {
-                    op: "unmount",
-                    path: path.to_path_buf(),
-                    source: e.into(),
-                });
+/// The hostname of the calling thread's UTS namespace (the node's, for the
+/// daemon), lossily decoded.
+pub fn hostname() -> Result<String, Error> {
+    let name = nix::unistd::gethostname().map_err(Error::sys("gethostname"))?;
+    Ok(name.to_string_lossy().into_owned())
+}
+
+/// The running kernel's release (`uname -r`), e.g. `6.1.0-18-amd64`.
+pub fn kernel_release() -> Result<String, Error> {
+    let u = nix::sys::utsname::uname().map_err(Error::sys("uname"))?;
+    Ok(u.release().to_string_lossy().into_owned())
+}
+
+/// The namespaces a process joins to run inside a container, in joining
+/// order: the user namespace first (it owns the others), the mount
+/// namespace last (after it, host paths no longer resolve).
+const JOIN_ORDER: [(&str, CloneFlags); 7] = [
+    ("user", CloneFlags::CLONE_NEWUSER),
+    ("ipc", CloneFlags::CLONE_NEWIPC),
+    ("uts", CloneFlags::CLONE_NEWUTS),
+    ("net", CloneFlags::CLONE_NEWNET),
+    ("pid", CloneFlags::CLONE_NEWPID),
+    ("cgroup", CloneFlags::CLONE_NEWCGROUP),
+    ("mnt", CloneFlags::CLONE_NEWNS),
+];
+
+/// Another process's namespaces, opened (while host paths still resolve)
+/// to be joined by this one.
+#[derive(Debug)]
+pub struct ProcessNamespaces {
+    pid: i32,
+    open: Vec<(&'static str, CloneFlags, File)>,
+}
+
+impl ProcessNamespaces {
+    /// Opens the namespaces of `pid` that differ from ours. A namespace
+    /// type the kernel lacks is skipped; [`Error::ProcessGone`] if `pid`
+    /// has exited.
+    pub fn open_differing(pid: i32) -> Result<ProcessNamespaces, Error> {
+        use std::os::unix::fs::MetadataExt;
+        let mut open = Vec::new();
+        for (name, flag) in JOIN_ORDER {
+            let theirs = PathBuf::from(format!("/proc/{pid}/ns/{name}"));
+            let ours = format!("/proc/self/ns/{name}");
+            let their_meta = match std::fs::metadata(&theirs) {
+                Ok(m) => m,
+                // A kernel without this namespace type (cgroup before 4.6).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && name != "mnt" => {
+                    if Path::new(&format!("/proc/{pid}")).exists() {
+                        continue;
+                    }
+                    return Err(Error::ProcessGone { pid });
+                }
+                Err(e) => return Err(Error::io("open namespace", theirs)(e)),
+            };
+            let our_meta = std::fs::metadata(&ours).map_err(Error::io("open namespace", &ours))?;
+            if (their_meta.dev(), their_meta.ino()) == (our_meta.dev(), our_meta.ino()) {
+                continue;
             }
+            let file = File::open(&theirs).map_err(Error::io("open namespace", &theirs))?;
+            open.push((name, flag, file));
         }
+        Ok(ProcessNamespaces { pid, open })
     }
-    Err(Error::Io {
-        op: "unmount",
-        path: path.to_path_buf(),
-        source: std::io::Error::other("still mounted after 16 unmounts"),
-    })
+
+    /// Joins them, in order. Call it in a disposable single-threaded
+    /// process: it stays inside them, and a joined PID namespace applies
+    /// only to the children it forks afterwards.
+    pub fn enter(self) -> Result<(), Error> {
+        for (name, flag, file) in &self.open {
+            nix::sched::setns(file, *flag).map_err(|e| Error::Io {
+                op: "join namespace",
+                path: PathBuf::from(format!("/proc/{}/ns/{name}", self.pid)),
+                source: e.into(),
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// Sets IFF_UP on `lo` in the calling thread's network namespace.
@@ -416,6 +473,30 @@ fn set_loopback_up() -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespaces_join_user_first_and_mount_last() {
+        assert_eq!(JOIN_ORDER[0].0, "user");
+        assert_eq!(JOIN_ORDER[JOIN_ORDER.len() - 1].0, "mnt");
+    }
+
+    #[test]
+    fn our_own_namespaces_need_no_joining() {
+        let ns = ProcessNamespaces::open_differing(std::process::id() as i32).unwrap();
+        assert!(ns.open.is_empty());
+        ns.enter().unwrap();
+        let gone = ProcessNamespaces::open_differing(i32::MAX).unwrap_err();
+        assert!(matches!(gone, Error::ProcessGone { .. }), "{gone}");
+        assert!(!hostname().unwrap().is_empty());
+        assert!(
+            kernel_release()
+                .unwrap()
+                .chars()
+                .next()
+                .unwrap()
+                .is_ascii_digit()
+        );
+    }
 
     #[test]
     fn hostnames() {

@@ -1,20 +1,23 @@
 //! Process-level calls for crust's monitor (crust-shim) and the children it
-//! forks: fork, `_exit`, signal reset, descriptor passing, terminals, and
-//! trimming an idle monitor's working set. Everything else goes through
-//! nix's safe API.
+//! forks: fork, `_exit`, sessions, the child subreaper, signals, standard
+//! descriptors, credentials-adjacent bits of an exec (umask,
+//! no_new_privs, execve), resource limits, and trimming an idle monitor's
+//! working set. Reaping is in [`crate::children`], terminals in
+//! [`crate::console`].
 
+use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::path::Path;
 
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use nix::unistd::Pid;
 
 /// `fork(2)`. `Ok(None)` in the child, `Ok(Some(pid))` in the parent.
 ///
 /// Only call this while the process has a single thread (the monitor never
 /// starts one): the child then owns a consistent copy of everything.
-pub fn fork() -> io::Result<Option<Pid>> {
+pub fn fork() -> io::Result<Option<i32>> {
     fork_single_threaded(&SingleThreaded::check()?)
 }
 
@@ -39,14 +42,14 @@ impl SingleThreaded {
 }
 
 /// `fork(2)` of a process known to be single-threaded.
-pub fn fork_single_threaded(_: &SingleThreaded) -> io::Result<Option<Pid>> {
+pub fn fork_single_threaded(_: &SingleThreaded) -> io::Result<Option<i32>> {
     // SAFETY: the process is single-threaded (no tokio, no threads spawned),
     // so no lock can be held by another thread at the time of the fork and
     // the child may run arbitrary code, as after any fork of a
     // single-threaded program.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => Ok(None),
-        nix::unistd::ForkResult::Parent { child } => Ok(Some(child)),
+        nix::unistd::ForkResult::Parent { child } => Ok(Some(child.as_raw())),
     }
 }
 
@@ -67,61 +70,96 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Receives one file descriptor sent with `SCM_RIGHTS` on a Unix stream
-/// socket (the pty master a runtime sends to its console socket).
-pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let mut buf = [0u8; 256];
-    let mut iov = [io::IoSliceMut::new(&mut buf)];
-    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
-    let mut got: Vec<OwnedFd> = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for fd in fds {
-                // SAFETY: the kernel just installed `fd` in our table for this
-                // message; nothing else refers to it, so we take ownership.
-                got.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-    // Keep the first, close any extra.
-    got.into_iter()
-        .next()
-        .ok_or_else(|| io::Error::other("no file descriptor in the console socket message"))
-}
-
-/// `TIOCSWINSZ`: sets a terminal's window size.
-pub fn set_winsize(fd: BorrowedFd<'_>, width: u16, height: u16) -> io::Result<()> {
-    let ws = libc::winsize {
-        ws_row: height,
-        ws_col: width,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
+/// Closes every descriptor above stderr that this process inherited (a
+/// caller's jobserver pipe, anything without CLOEXEC): nothing of the
+/// caller's may reach our children or stay open for our lifetime. Call it
+/// first thing, before this process opens anything of its own.
+pub fn close_inherited_fds() {
+    let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|&fd| fd > 2)
+            .collect(),
+        Err(_) => return,
     };
-    // SAFETY: `fd` is an open descriptor for the duration of the call and
-    // `ws` is a valid winsize that the kernel only reads.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
+    // The directory's own descriptor is closed by now; closing it again
+    // only yields EBADF.
+    for fd in fds {
+        let _ = nix::unistd::close(fd);
     }
+}
+
+/// The three standard descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StdFd {
+    Stdin = 0,
+    Stdout = 1,
+    Stderr = 2,
+}
+
+/// Makes `target` (stdin, stdout or stderr) a copy of `fd` (`dup2`), e.g.
+/// to point stderr at a log file or stdout at /dev/null.
+pub fn replace_std_fd(target: StdFd, fd: BorrowedFd<'_>) -> io::Result<()> {
+    nix::unistd::dup2(fd.as_raw_fd(), target as i32)?;
     Ok(())
 }
 
-/// `TIOCSCTTY`: makes the terminal `fd` the controlling terminal of this
-/// process (a session leader without one).
-pub fn set_controlling_terminal(fd: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: `fd` is open for the duration of the call; TIOCSCTTY takes an
-    // integer argument (0: do not steal it from another session).
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSCTTY, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+/// `setsid(2)`: a new session and process group, without a controlling
+/// terminal.
+pub fn new_session() -> io::Result<()> {
+    nix::unistd::setsid()?;
     Ok(())
+}
+
+/// `PR_SET_CHILD_SUBREAPER`: orphaned descendants are reparented to this
+/// process instead of init, so it can reap (and learn the exit of) a
+/// container's init that its runtime left behind.
+pub fn set_child_subreaper() -> io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true)?;
+    Ok(())
+}
+
+/// Whether `signal` is a signal number this system knows (1..=31 and the
+/// real-time ones nix names; 0 is not a signal).
+pub fn is_valid_signal(signal: i32) -> bool {
+    Signal::try_from(signal).is_ok()
+}
+
+/// `kill(2)`: sends `signal` to process `pid`. An unknown signal number is
+/// `InvalidInput`.
+pub fn send_signal(pid: i32, signal: i32) -> io::Result<()> {
+    let sig = Signal::try_from(signal)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad signal {signal}")))?;
+    nix::sys::signal::kill(Pid::from_raw(pid), sig)?;
+    Ok(())
+}
+
+/// `umask(2)`: sets the file mode creation mask (the low 9 bits of `mask`).
+pub fn set_umask(mask: u32) {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));
+}
+
+/// `PR_SET_NO_NEW_PRIVS`: neither this process nor what it execs can gain
+/// privileges (setuid bits, file capabilities).
+pub fn set_no_new_privs() -> io::Result<()> {
+    nix::sys::prctl::set_no_new_privs()?;
+    Ok(())
+}
+
+/// `access(path, X_OK)`: whether this process may execute `path` (with its
+/// current credentials and capabilities).
+pub fn is_executable(path: &Path) -> bool {
+    nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).is_ok()
+}
+
+/// `execve(2)`: replaces this process with `program`. Returns only on
+/// failure, with the reason.
+pub fn exec(program: &CStr, args: &[CString], env: &[CString]) -> io::Error {
+    match nix::unistd::execve(program, args, env) {
+        Ok(never) => match never {},
+        Err(e) => e.into(),
+    }
 }
 
 /// Puts a child (about to run an OCI runtime) back into a default signal
@@ -279,6 +317,14 @@ mod tests {
         assert!(thread_count().unwrap() > 1);
         assert!(fork().is_err());
         t.join().unwrap();
+    }
+
+    #[test]
+    fn signal_numbers() {
+        assert!(is_valid_signal(9) && is_valid_signal(15));
+        assert!(!is_valid_signal(0) && !is_valid_signal(-1) && !is_valid_signal(1000));
+        let e = send_signal(std::process::id() as i32, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]

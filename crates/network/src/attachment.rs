@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use crust_quote::quote;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -173,7 +174,7 @@ pub fn cni_args(att: &Attachment) -> Result<String, Error> {
                 .any(|c| c == ';' || c == '=' || c.is_control())
         {
             return Err(Error::invalid(
-                format!("{key} {value:?}"),
+                format!("{key} {}", quote(value)),
                 "must be at most 253 characters without ';', '=' or control characters",
             ));
         }
@@ -188,7 +189,7 @@ pub(crate) fn validate_attachment(att: &Attachment) -> Result<(), Error> {
     let netns = att.netns.to_string_lossy();
     if !att.netns.is_absolute() || netns.contains('\0') {
         return Err(Error::invalid(
-            format!("netns path {netns:?}"),
+            format!("netns path {}", quote(&netns)),
             "must be absolute",
         ));
     }
@@ -205,21 +206,24 @@ pub(crate) fn validate_attachment(att: &Attachment) -> Result<(), Error> {
         }
         if !p.host_ip.is_empty() && p.host_ip.parse::<IpAddr>().is_err() {
             return Err(Error::invalid(
-                format!("host IP {:?}", p.host_ip),
+                format!("host IP {}", quote(&p.host_ip)),
                 "not an IP address",
             ));
         }
     }
     for subnet in att.capabilities.ip_ranges.iter().flatten() {
         if parse_cidr(subnet).is_none() {
-            return Err(Error::invalid(format!("IP range {subnet:?}"), "not a CIDR"));
+            return Err(Error::invalid(
+                format!("IP range {}", quote(subnet)),
+                "not a CIDR",
+            ));
         }
     }
     if let Some(dns) = &att.capabilities.dns {
         for s in dns.servers.iter().chain(&dns.searches).chain(&dns.options) {
             if s.chars().any(char::is_control) {
                 return Err(Error::invalid(
-                    format!("DNS entry {s:?}"),
+                    format!("DNS entry {}", quote(s)),
                     "contains control characters",
                 ));
             }
@@ -240,7 +244,7 @@ pub(crate) fn validate_container_id(id: &str) -> Result<(), Error> {
         Ok(())
     } else {
         Err(Error::invalid(
-            format!("container ID {id:?}"),
+            format!("container ID {}", quote(id)),
             "must be alphanumerics, '_', '.' or '-', starting with an alphanumeric",
         ))
     }
@@ -259,7 +263,7 @@ pub(crate) fn validate_ifname(name: &str) -> Result<(), Error> {
         Ok(())
     } else {
         Err(Error::invalid(
-            format!("interface name {name:?}"),
+            format!("interface name {}", quote(name)),
             "not a valid Linux interface name",
         ))
     }
@@ -268,6 +272,45 @@ pub(crate) fn validate_ifname(name: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crust_quote::testing::{check_message, config, hostile_string};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(config(1024))]
+
+        /// Whatever the request put in an attachment: accepted, or refused
+        /// with a short error.
+        #[test]
+        fn attachments_are_checked_with_short_errors(
+            id in hostile_string(),
+            ifname in hostile_string(),
+            netns in hostile_string(),
+            host_ip in hostile_string(),
+            ports in (any::<i32>(), any::<i32>()),
+            range in hostile_string(),
+            dns in hostile_string(),
+        ) {
+            let mut att = attachment();
+            att.container_id = id;
+            att.ifname = ifname;
+            att.netns = netns.into();
+            att.capabilities.port_mappings.push(PortMapping {
+                host_port: ports.0,
+                container_port: ports.1,
+                protocol: Protocol::Tcp,
+                host_ip,
+            });
+            att.capabilities.ip_ranges.push(vec![range]);
+            att.capabilities.dns = Some(DnsConfig {
+                servers: vec![dns],
+                searches: vec![],
+                options: vec![],
+            });
+            if let Err(e) = validate_attachment(&att) {
+                check_message("validate_attachment", &e.to_string())?;
+            }
+        }
+    }
 
     fn attachment() -> Attachment {
         Attachment {

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crust_quote::{clip, quote};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -92,7 +93,7 @@ impl Cni {
             let s = dir.to_string_lossy();
             if !dir.is_absolute() || s.contains(':') || s.contains('\0') {
                 return Err(Error::invalid(
-                    format!("CNI bin dir {s:?}"),
+                    format!("CNI bin dir {}", quote(&s)),
                     "must be an absolute path without ':'",
                 ));
             }
@@ -155,7 +156,7 @@ impl Cni {
                 let value: Value =
                     serde_json::from_slice(&out).map_err(|e| Error::InvalidResult {
                         plugin: name.clone(),
-                        why: format!("not JSON: {e}"),
+                        why: format!("not JSON: {}", clip(&e.to_string())),
                     })?;
                 CniResult::parse(&value).map_err(|why| Error::InvalidResult {
                     plugin: name.clone(),
@@ -536,7 +537,7 @@ fn validate_network_name(name: &str) -> Result<(), Error> {
         Ok(())
     } else {
         Err(Error::invalid(
-            format!("network name {name:?}"),
+            format!("network name {}", quote(name)),
             "must be alphanumerics, '_', '.' or '-', starting with an alphanumeric",
         ))
     }

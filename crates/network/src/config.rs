@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crust_quote::{clip, quote};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -57,8 +58,10 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<NetworkConfigList, ConfigError
         path: path.to_path_buf(),
         why,
     };
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
-    let raw: RawList = serde_json::from_value(value.clone()).map_err(|e| invalid(e.to_string()))?;
+    // serde's messages quote the offending string whole.
+    let json_err = |e: serde_json::Error| invalid(clip(&e.to_string()).to_string());
+    let value: Value = serde_json::from_slice(bytes).map_err(json_err)?;
+    let raw: RawList = serde_json::from_value(value.clone()).map_err(json_err)?;
     let is_list = path.extension().is_some_and(|e| e == "conflist") || raw.plugins.is_some();
     let plugins = if is_list {
         raw.plugins
@@ -72,7 +75,12 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<NetworkConfigList, ConfigError
     for (i, p) in plugins.iter().enumerate() {
         match p.get("type").and_then(Value::as_str) {
             Some(t) if is_plugin_name(t) => {}
-            Some(t) => return Err(invalid(format!("plugin {i} has an invalid type {t:?}"))),
+            Some(t) => {
+                return Err(invalid(format!(
+                    "plugin {i} has an invalid type {}",
+                    quote(t)
+                )));
+            }
             None => return Err(invalid(format!("plugin {i} has no \"type\""))),
         }
     }
@@ -113,9 +121,10 @@ fn newest_supported(versions: &[String]) -> Option<String> {
 }
 
 /// A plugin type names a binary in the plugin dirs: no path separators, so a
-/// config cannot make the runtime execute an arbitrary file.
+/// config cannot make the runtime execute an arbitrary file, and no longer
+/// than a file name can be (errors name the plugin).
 fn is_plugin_name(t: &str) -> bool {
-    !t.is_empty() && !t.contains('/') && t != "." && t != ".."
+    !t.is_empty() && t.len() <= 255 && !t.contains('/') && t != "." && t != ".."
 }
 
 /// Loads the network to use from `dir`: the first file (lexical order) with

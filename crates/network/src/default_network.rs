@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crust_quote::quote;
 use serde_json::{Value, json};
 
 use crate::Error;
@@ -61,7 +62,7 @@ pub fn default_conflist(net: &DefaultNetwork) -> Result<Value, Error> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if !name_ok {
         return Err(Error::invalid(
-            format!("network name {:?}", net.name),
+            format!("network name {}", quote(&net.name)),
             "not a valid CNI network name",
         ));
     }
@@ -73,7 +74,7 @@ pub fn default_conflist(net: &DefaultNetwork) -> Result<Value, Error> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if !bridge_ok {
         return Err(Error::invalid(
-            format!("bridge name {:?}", net.bridge),
+            format!("bridge name {}", quote(&net.bridge)),
             "not a valid interface name",
         ));
     }
@@ -84,7 +85,10 @@ pub fn default_conflist(net: &DefaultNetwork) -> Result<Value, Error> {
     let mut routes = Vec::new();
     for subnet in &net.subnets {
         let Some((addr, _)) = parse_cidr(subnet) else {
-            return Err(Error::invalid(format!("pod CIDR {subnet:?}"), "not a CIDR"));
+            return Err(Error::invalid(
+                format!("pod CIDR {}", quote(subnet)),
+                "not a CIDR",
+            ));
         };
         ranges.push(json!([{ "subnet": subnet }]));
         routes.push(json!({ "dst": if addr.is_ipv4() { "0.0.0.0/0" } else { "::/0" } }));

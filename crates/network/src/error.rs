@@ -1,5 +1,7 @@
 use std::path::PathBuf;
 
+use crust_quote::{clip, quote};
+
 use crate::config::ConfigError;
 
 /// Errors of CNI operations. [`Error::is_invalid_argument`] separates bad
@@ -13,12 +15,13 @@ pub enum Error {
     Config(#[from] ConfigError),
 
     /// The network config names a plugin no bin dir holds.
-    #[error("CNI plugin {plugin:?} not found in {dirs}")]
+    #[error("CNI plugin {} not found in {dirs}", quote(plugin))]
     PluginNotFound { plugin: String, dirs: String },
 
     /// The plugin failed and said why (CNI error JSON).
     #[error(
-        "CNI plugin {plugin} {command} failed: {msg} (code {code}: {}){}",
+        "CNI plugin {plugin} {command} failed: {} (code {code}: {}){}",
+        clip(msg),
         code_meaning(*code),
         details_suffix(details)
     )]
@@ -31,7 +34,7 @@ pub enum Error {
     },
 
     /// The plugin failed without an error JSON.
-    #[error("CNI plugin {plugin} {command} failed ({status}): {output}")]
+    #[error("CNI plugin {plugin} {command} failed ({status}): {}", clip(output))]
     PluginExit {
         plugin: String,
         command: &'static str,
@@ -113,7 +116,7 @@ fn details_suffix(details: &str) -> String {
     if details.is_empty() {
         String::new()
     } else {
-        format!("; details: {details}")
+        format!("; details: {}", clip(details))
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use crust_quote::{clip, quote};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -85,11 +86,12 @@ impl CniResult {
     /// Parses a plugin's result. Every address must be valid CIDR and every
     /// interface index in range, so later users can rely on both.
     pub fn parse(value: &Value) -> Result<CniResult, String> {
+        // serde's messages quote the offending string whole.
+        let json_err = |e: serde_json::Error| clip(&e.to_string()).to_string();
         let legacy = value.get("ips").is_none()
             && (value.get("ip4").is_some() || value.get("ip6").is_some());
         let result = if legacy {
-            let old: LegacyResult =
-                serde_json::from_value(value.clone()).map_err(|e| e.to_string())?;
+            let old: LegacyResult = serde_json::from_value(value.clone()).map_err(json_err)?;
             let mut result = CniResult {
                 cni_version: old.cni_version,
                 dns: old.dns,
@@ -105,13 +107,14 @@ impl CniResult {
             }
             result
         } else {
-            serde_json::from_value(value.clone()).map_err(|e| e.to_string())?
+            serde_json::from_value(value.clone()).map_err(json_err)?
         };
         for ip in &result.ips {
-            parse_cidr(&ip.address).ok_or_else(|| format!("invalid address {:?}", ip.address))?;
+            parse_cidr(&ip.address)
+                .ok_or_else(|| format!("invalid address {}", quote(&ip.address)))?;
             if let Some(gw) = &ip.gateway {
                 gw.parse::<IpAddr>()
-                    .map_err(|_| format!("invalid gateway {gw:?}"))?;
+                    .map_err(|_| format!("invalid gateway {}", quote(gw)))?;
             }
             if let Some(i) = ip.interface
                 && usize::try_from(i).map_or(true, |i| i >= result.interfaces.len())

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 
 use crust_api::v1::LinuxContainerSecurityContext;
+use crust_quote::quote_os;
 use oci_spec::runtime::{Capabilities, Capability, LinuxCapabilities};
 
 use crate::SpecError;
@@ -81,9 +82,12 @@ fn parse(field: &str, name: &str) -> Result<Option<Capability>, SpecError> {
         return Ok(None);
     }
     let bare = upper.strip_prefix("CAP_").unwrap_or(&upper);
-    bare.parse::<Capability>()
-        .map(Some)
-        .map_err(|_| SpecError::invalid(field, format!("unknown capability {name:?}")))
+    bare.parse::<Capability>().map(Some).map_err(|_| {
+        SpecError::invalid(
+            field,
+            format!("unknown capability {name}", name = quote_os(&name)),
+        )
+    })
 }
 
 /// The capability sets of the container process.

@@ -1,6 +1,7 @@
 //! cgroup paths of containers under their pod's cgroup.
 
 use crust_api::v1::PodSandboxConfig;
+use crust_quote::quote_os;
 
 use crate::validate::{abs_path, id};
 use crate::{CgroupDriver, SpecError};
@@ -23,7 +24,10 @@ fn slice(field: &str, s: &str) -> Result<(), SpecError> {
     if !ok {
         return Err(SpecError::invalid(
             field,
-            format!("{s:?} is not a systemd slice name like kubepods-pod1234.slice"),
+            format!(
+                "{s} is not a systemd slice name like kubepods-pod1234.slice",
+                s = quote_os(&s)
+            ),
         ));
     }
     Ok(())

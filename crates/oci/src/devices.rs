@@ -4,6 +4,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use crust_api::v1::ContainerConfig;
+use crust_quote::quote_os;
 use oci_spec::runtime::{LinuxDevice, LinuxDeviceCgroup, LinuxDeviceType};
 
 use crate::validate::abs_path;
@@ -22,7 +23,10 @@ fn permissions(field: &str, p: &str) -> Result<(), SpecError> {
     if !ok {
         return Err(SpecError::invalid(
             field,
-            format!("{p:?} must be a non-empty combination of r, w and m"),
+            format!(
+                "{p} must be a non-empty combination of r, w and m",
+                p = quote_os(&p)
+            ),
         ));
     }
     Ok(())
@@ -66,7 +70,10 @@ fn join_relative(field: &str, base: &str, relative: &Path) -> Result<String, Spe
     {
         return Err(SpecError::invalid(
             field,
-            format!("host device below it has a bad relative path {relative:?}"),
+            format!(
+                "host device below it has a bad relative path {relative}",
+                relative = quote_os(&relative)
+            ),
         ));
     }
     let joined = PathBuf::from(base).join(relative);
@@ -126,7 +133,10 @@ pub(crate) fn container_devices(
         if found.is_empty() {
             return Err(SpecError::invalid(
                 f("host_path"),
-                format!("{src:?} is not a device and has no devices below it"),
+                format!(
+                    "{src} is not a device and has no devices below it",
+                    src = quote_os(&src)
+                ),
             ));
         }
         for hd in &found {

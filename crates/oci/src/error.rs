@@ -8,6 +8,8 @@
 
 use std::path::PathBuf;
 
+use crust_quote::{clip, quote_os};
+
 /// How the daemon should report a [`SpecError`] over gRPC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -32,16 +34,22 @@ pub enum SpecError {
 
     /// A user name (request or image) does not resolve in the image's
     /// /etc/passwd. Never falls back to root.
-    #[error("{field}: user {user:?} not found in the image's /etc/passwd")]
+    #[error(
+        "{field}: user {} not found in the image's /etc/passwd",
+        quote_os(user)
+    )]
     UserNotFound { field: String, user: String },
 
     /// A group name (image `User` field `user:group`) does not resolve in the
     /// image's /etc/group.
-    #[error("{field}: group {group:?} not found in the image's /etc/group")]
+    #[error(
+        "{field}: group {} not found in the image's /etc/group",
+        quote_os(group)
+    )]
     GroupNotFound { field: String, group: String },
 
     /// A host path named by the request does not exist.
-    #[error("{field}: host path {path:?} does not exist")]
+    #[error("{field}: host path {} does not exist", quote_os(path))]
     HostPathNotFound { field: String, path: PathBuf },
 
     /// The request asks for a feature crust does not implement.
@@ -53,7 +61,7 @@ pub enum SpecError {
     Precondition { field: String, reason: String },
 
     /// A host look-up (path resolution, device stat, profile read) failed.
-    #[error("{field}: {path:?}: {message}")]
+    #[error("{field}: {}: {}", quote_os(path), clip(message))]
     Host {
         field: String,
         path: PathBuf,

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crust_api::v1::{ContainerConfig, MountPropagation};
+use crust_quote::quote_os;
 use oci_spec::runtime::Mount;
 
 use crate::validate::{abs_path, depth, is_under, no_nul};
@@ -110,13 +111,16 @@ pub(crate) fn container_mounts(
         if is_under(&dest, "/proc") {
             return Err(SpecError::invalid(
                 f("container_path"),
-                format!("{dest:?} is inside /proc, which must not be mounted over"),
+                format!(
+                    "{dest} is inside /proc, which must not be mounted over",
+                    dest = quote_os(&dest)
+                ),
             ));
         }
         if !seen.insert(dest.clone()) {
             return Err(SpecError::invalid(
                 f("container_path"),
-                format!("{dest:?} is mounted more than once"),
+                format!("{dest} is mounted more than once", dest = quote_os(&dest)),
             ));
         }
         let src = abs_path(&f("host_path"), &m.host_path)?;
@@ -142,7 +146,8 @@ pub(crate) fn container_mounts(
                     return Err(SpecError::precondition(
                         f("propagation"),
                         format!(
-                            "PROPAGATION_HOST_TO_CONTAINER needs {resolved:?} on a shared or slave mount, it is on a private one"
+                            "PROPAGATION_HOST_TO_CONTAINER needs {resolved} on a shared or slave mount, it is on a private one",
+                            resolved = quote_os(&resolved)
                         ),
                     ));
                 }
@@ -159,12 +164,13 @@ pub(crate) fn container_mounts(
                     return Err(SpecError::precondition(
                         f("propagation"),
                         format!(
-                            "PROPAGATION_BIDIRECTIONAL needs {resolved:?} on a shared mount, it is on a {} one",
+                            "PROPAGATION_BIDIRECTIONAL needs {resolved} on a shared mount, it is on a {} one",
                             if p == HostPropagation::Slave {
                                 "slave"
                             } else {
                                 "private"
-                            }
+                            },
+                            resolved = quote_os(&resolved)
                         ),
                     ));
                 }

@@ -1,6 +1,7 @@
 //! Process arguments, environment and working directory.
 
 use crust_api::v1::ContainerConfig;
+use crust_quote::quote_os;
 
 use crate::validate::{abs_path, no_nul};
 use crate::{ImageConfig, SpecError};
@@ -77,7 +78,10 @@ fn env_key(field: &str, key: &str) -> Result<(), SpecError> {
     if key.contains('=') {
         return Err(SpecError::invalid(
             field,
-            format!("environment variable name {key:?} must not contain '='"),
+            format!(
+                "environment variable name {key} must not contain '='",
+                key = quote_os(&key)
+            ),
         ));
     }
     no_nul(field, key)
@@ -114,7 +118,7 @@ pub fn process_env(
         let Some((k, _)) = e.split_once('=') else {
             return Err(SpecError::invalid(
                 field,
-                format!("{e:?} is not of the form KEY=value"),
+                format!("{e} is not of the form KEY=value", e = quote_os(&e)),
             ));
         };
         env_key(&field, k)?;

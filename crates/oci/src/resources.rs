@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use crust_api::v1::LinuxContainerResources;
+use crust_quote::quote_os;
 use oci_spec::runtime::{LinuxCpu, LinuxHugepageLimit, LinuxMemory, LinuxResources};
 
 use crate::{RuntimeFacts, SpecError};
@@ -12,7 +13,12 @@ const F: &str = "config.linux.resources";
 
 /// A cpuset list: `0-3,8,10-11`.
 fn cpuset(field: &str, s: &str) -> Result<(), SpecError> {
-    let bad = || SpecError::invalid(field, format!("{s:?} is not a CPU/node list like 0-3,8"));
+    let bad = || {
+        SpecError::invalid(
+            field,
+            format!("{s} is not a CPU/node list like 0-3,8", s = quote_os(&s)),
+        )
+    };
     if s.len() > 4096 {
         return Err(bad());
     }
@@ -42,7 +48,7 @@ fn page_size(field: &str, s: &str) -> Result<(), SpecError> {
     if !ok {
         return Err(SpecError::invalid(
             field,
-            format!("{s:?} is not a page size like 2MB or 1GB"),
+            format!("{s} is not a page size like 2MB or 1GB", s = quote_os(&s)),
         ));
     }
     Ok(())
@@ -63,13 +69,16 @@ fn unified_key(field: &str, k: &str) -> Result<(), SpecError> {
     if !ok {
         return Err(SpecError::invalid(
             field,
-            format!("{k:?} is not a cgroup v2 file name like memory.high"),
+            format!(
+                "{k} is not a cgroup v2 file name like memory.high",
+                k = quote_os(&k)
+            ),
         ));
     }
     if k.starts_with("cgroup.") {
         return Err(SpecError::invalid(
             field,
-            format!("{k:?}: cgroup core files cannot be set"),
+            format!("{k}: cgroup core files cannot be set", k = quote_os(&k)),
         ));
     }
     Ok(())
@@ -203,7 +212,7 @@ pub(crate) fn container_resources(
         }
         let mut unified = HashMap::new();
         for (k, v) in &r.unified {
-            let field = format!("{F}.unified[{k:?}]");
+            let field = format!("{F}.unified[{k}]", k = quote_os(&k));
             unified_key(&field, k)?;
             if v.contains(['\0', '\n']) || v.len() > 4096 {
                 return Err(SpecError::invalid(

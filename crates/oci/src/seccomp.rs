@@ -20,6 +20,7 @@ use std::path::Path;
 use crust_api::v1::{
     LinuxContainerSecurityContext, SecurityProfile, security_profile::ProfileType,
 };
+use crust_quote::quote_os;
 use oci_spec::runtime::{
     Arch, Capability, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder,
     LinuxSeccompOperator, LinuxSyscall,
@@ -644,7 +645,8 @@ pub fn parse_seccomp_profile(field: &str, json: &str) -> Result<LinuxSeccomp, Sp
                     return Err(SpecError::invalid(
                         field,
                         format!(
-                            "seccomp profile syscalls[{i}] has {key:?}, a Docker profile condition crust does not evaluate; use an OCI (runtime-spec) profile"
+                            "seccomp profile syscalls[{i}] has {key}, a Docker profile condition crust does not evaluate; use an OCI (runtime-spec) profile",
+                            key = quote_os(&key)
                         ),
                     ));
                 }
@@ -705,7 +707,8 @@ pub(crate) fn choice(
             None => Err(SpecError::invalid(
                 field,
                 format!(
-                    "unknown seccomp profile {path:?} (want runtime/default, docker/default, unconfined or localhost/<path>)"
+                    "unknown seccomp profile {path} (want runtime/default, docker/default, unconfined or localhost/<path>)",
+                    path = quote_os(&path)
                 ),
             )),
         },

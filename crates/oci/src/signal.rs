@@ -2,6 +2,7 @@
 //! the image's `StopSignal`, else SIGTERM.
 
 use crust_api::v1::{ContainerConfig, Signal};
+use crust_quote::quote_os;
 
 use crate::{ImageConfig, SpecError};
 
@@ -68,7 +69,7 @@ fn by_name(name: &str) -> Option<i32> {
 /// Parses a signal as Docker images write it: `SIGQUIT`, `QUIT`, `3`,
 /// `SIGRTMIN+3` (and the CRI enum's `SIGRTMINPLUS3` / `SIGRTMAXMINUS3`).
 pub fn parse_signal(field: &str, s: &str) -> Result<i32, SpecError> {
-    let bad = || SpecError::invalid(field, format!("unknown signal {s:?}"));
+    let bad = || SpecError::invalid(field, format!("unknown signal {s}", s = quote_os(&s)));
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         let n: i32 = s.parse().map_err(|_| bad())?;
         return if (1..=RTMAX).contains(&n) {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crust_api::v1::PodSandboxConfig;
+use crust_quote::quote_os;
 
 use crate::SpecError;
 use crate::namespaces::pod_modes;
@@ -66,7 +67,10 @@ pub fn pod_sysctls(sandbox: &PodSandboxConfig) -> Result<BTreeMap<String, String
     let modes = pod_modes(sandbox)?;
     let mut out = BTreeMap::new();
     for (name, value) in &linux.sysctls {
-        let field = format!("sandbox_config.linux.sysctls[{name:?}]");
+        let field = format!(
+            "sandbox_config.linux.sysctls[{name}]",
+            name = quote_os(&name)
+        );
         if !name_ok(name) {
             return Err(SpecError::invalid(
                 field,

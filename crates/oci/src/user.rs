@@ -17,6 +17,7 @@
 //!   /etc/group.
 
 use crust_api::v1::{LinuxContainerSecurityContext, SupplementalGroupsPolicy};
+use crust_quote::quote_os;
 
 use crate::SpecError;
 use crate::validate::id_number;
@@ -192,7 +193,10 @@ pub fn resolve_user(
                 _ => {
                     return Err(SpecError::invalid(
                         f,
-                        format!("{image_user:?} is not of the form user[:group]"),
+                        format!(
+                            "{image_user} is not of the form user[:group]",
+                            image_user = quote_os(&image_user)
+                        ),
                     ));
                 }
             }

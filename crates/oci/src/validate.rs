@@ -1,5 +1,6 @@
 //! Checks shared by the field mappers. Every value a request or an image
 //! supplies passes one of these before it reaches the spec.
+use crust_quote::quote_os;
 
 use crate::SpecError;
 
@@ -31,7 +32,7 @@ pub(crate) fn abs_path(field: &str, value: &str) -> Result<String, SpecError> {
     if !value.starts_with('/') {
         return Err(SpecError::invalid(
             field,
-            format!("must be absolute, got {value:?}"),
+            format!("must be absolute, got {value}", value = quote_os(&value)),
         ));
     }
     let mut out = String::with_capacity(value.len());
@@ -41,7 +42,10 @@ pub(crate) fn abs_path(field: &str, value: &str) -> Result<String, SpecError> {
             ".." => {
                 return Err(SpecError::invalid(
                     field,
-                    format!("must not contain '..', got {value:?}"),
+                    format!(
+                        "must not contain '..', got {value}",
+                        value = quote_os(&value)
+                    ),
                 ));
             }
             p => {
@@ -82,7 +86,8 @@ pub(crate) fn id(field: &str, value: &str) -> Result<(), SpecError> {
         return Err(SpecError::invalid(
             field,
             format!(
-                "must be 1-128 characters of [A-Za-z0-9_.-] starting with a letter or digit, got {value:?}"
+                "must be 1-128 characters of [A-Za-z0-9_.-] starting with a letter or digit, got {value}",
+                value = quote_os(&value)
             ),
         ));
     }
@@ -99,7 +104,10 @@ pub(crate) fn hostname(field: &str, value: &str) -> Result<(), SpecError> {
     if !ok {
         return Err(SpecError::invalid(
             field,
-            format!("must be 1-64 characters of [A-Za-z0-9._-], got {value:?}"),
+            format!(
+                "must be 1-64 characters of [A-Za-z0-9._-], got {value}",
+                value = quote_os(&value)
+            ),
         ));
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! End-to-end: real monitors running real containers (busybox rootfs) with
-//! the embedded runtime and with runc, driven through the client library.
-//! Root only; every test cleans up through `Fixture`'s Drop.
+//! the embedded runtime and with runc, driven through the daemon's client
+//! (`crust_shim_protocol::Shim`). Root only; every test cleans up through
+//! `Fixture`'s Drop.
 
 mod common;
 
@@ -8,26 +9,23 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use common::*;
-use crust_shim::client::{AttachEvent, Error, read_exit_file};
 use crust_shim::logfmt::parse_line;
-use crust_shim::{ExecRequest, Shim, Status};
+use crust_shim_protocol::{AttachEvent, Error, ExecRequest, Shim, Status, read_exit_file};
 use serde_json::json;
 
 macro_rules! both {
     ($name:ident) => {
         mod $name {
             use super::*;
-            #[test]
-            fn embedded() {
-                if can_run(Rt::Embedded) {
-                    super::$name(Rt::Embedded)
-                }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                require(Rt::Embedded);
+                super::$name(Rt::Embedded).await
             }
-            #[test]
-            fn runc() {
-                if can_run(Rt::Runc) {
-                    super::$name(Rt::Runc)
-                }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn runc() {
+                require(Rt::Runc);
+                super::$name(Rt::Runc).await
             }
         }
     };
@@ -80,7 +78,7 @@ fn of_stream(lines: &[(String, char, String)], s: &str) -> Vec<(char, String)> {
         .collect()
 }
 
-fn logs_and_exit_code(rt: Rt) {
+async fn logs_and_exit_code(rt: Rt) {
     let mut f = Fixture::new(
         rt,
         "logs",
@@ -91,13 +89,13 @@ fn logs_and_exit_code(rt: Rt) {
         ],
         false,
     );
-    let shim = f.spawn(false, false, false);
+    let shim = f.spawn(false, false, false).await;
     assert!(shim.pid() > 0);
-    let st = shim.state().unwrap();
+    let st = shim.state().await.unwrap();
     assert_eq!(st.status, Status::Created);
     assert_eq!(st.pid, shim.pid());
-    shim.start().unwrap();
-    let exit = shim.wait().unwrap();
+    shim.start().await.unwrap();
+    let exit = shim.wait().await.unwrap();
     assert_eq!(exit.exit_code, 42);
     assert_eq!(exit.signal, None);
     assert!(!exit.oom_killed);
@@ -116,15 +114,13 @@ fn logs_and_exit_code(rt: Rt) {
     );
     assert_eq!(of_stream(&lines, "stderr"), vec![('F', "err1".into())]);
     // The monitor exits after the container and cleans the runtime up.
-    assert!(eventually(Duration::from_secs(5), || !alive(
-        shim.shim_pid()
-    )));
+    assert!(eventually(Duration::from_secs(5), || !alive(shim.shim_pid())).await);
     assert!(!f.state_dir.join("ctl.sock").exists());
     assert!(matches!(Shim::connect(&f.state_dir), Err(Error::Gone)));
     // wait() after the monitor is gone reads the exit file.
-    assert_eq!(shim.wait().unwrap(), exit);
+    assert_eq!(shim.wait().await.unwrap(), exit);
     assert!(
-        eventually(Duration::from_secs(2), || f.cgroup_dirs().is_empty()),
+        eventually(Duration::from_secs(2), || f.cgroup_dirs().is_empty()).await,
         "cgroup left: {:?}",
         f.cgroup_dirs()
     );
@@ -132,7 +128,7 @@ fn logs_and_exit_code(rt: Rt) {
 }
 both!(logs_and_exit_code);
 
-fn long_lines(rt: Rt) {
+async fn long_lines(rt: Rt) {
     // A 1 MiB line, then a short one.
     let mut f = Fixture::new(
         rt,
@@ -144,9 +140,9 @@ fn long_lines(rt: Rt) {
         ],
         false,
     );
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
-    assert_eq!(shim.wait().unwrap().exit_code, 0);
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
+    assert_eq!(shim.wait().await.unwrap().exit_code, 0);
     let lines = of_stream(&log_lines(&f.log()), "stdout");
     assert_eq!(
         lines.len(),
@@ -166,7 +162,7 @@ fn long_lines(rt: Rt) {
 }
 both!(long_lines);
 
-fn kill_signals(rt: Rt) {
+async fn kill_signals(rt: Rt) {
     // SIGTERM, handled by the container's shell.
     let mut f = Fixture::new(
         rt,
@@ -178,38 +174,34 @@ fn kill_signals(rt: Rt) {
         ],
         false,
     );
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
-    f.wait_log("ready", Duration::from_secs(10));
-    shim.kill(15, false).unwrap();
-    let e = shim.wait().unwrap();
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
+    f.wait_log("ready", Duration::from_secs(10)).await;
+    shim.kill(15, false).await.unwrap();
+    let e = shim.wait().await.unwrap();
     assert_eq!((e.exit_code, e.signal), (7, None));
 
     // SIGKILL to all processes: 128 + 9.
     let mut g = Fixture::new(rt, "kill", &["sleep", "1000"], false);
-    let shim = g.spawn(false, false, false);
-    shim.start().unwrap();
-    shim.kill(9, true).unwrap();
-    let e = shim.wait().unwrap();
+    let shim = g.spawn(false, false, false).await;
+    shim.start().await.unwrap();
+    shim.kill(9, true).await.unwrap();
+    let e = shim.wait().await.unwrap();
     assert_eq!((e.exit_code, e.signal), (137, Some(9)));
     // Killing an exited container is fine.
-    assert!(eventually(Duration::from_secs(5), || !alive(
-        shim.shim_pid()
-    )));
-    shim.kill(9, false).unwrap();
+    assert!(eventually(Duration::from_secs(5), || !alive(shim.shim_pid())).await);
+    shim.kill(9, false).await.unwrap();
 
     // A created, never started container can be killed too.
     let mut h = Fixture::new(rt, "created", &["sleep", "1000"], false);
-    let shim = h.spawn(false, false, false);
-    shim.kill(9, false).unwrap();
-    assert_eq!(shim.wait().unwrap().exit_code, 137);
-    assert!(eventually(Duration::from_secs(2), || h
-        .cgroup_dirs()
-        .is_empty()));
+    let shim = h.spawn(false, false, false).await;
+    shim.kill(9, false).await.unwrap();
+    assert_eq!(shim.wait().await.unwrap().exit_code, 137);
+    assert!(eventually(Duration::from_secs(2), || h.cgroup_dirs().is_empty()).await);
 }
 both!(kill_signals);
 
-fn tty_container(rt: Rt) {
+async fn tty_container(rt: Rt) {
     let mut f = Fixture::new(
         rt,
         "tty",
@@ -220,22 +212,15 @@ fn tty_container(rt: Rt) {
         ],
         true,
     );
-    let shim = f.spawn(true, true, false);
-    shim.start().unwrap();
-    let mut a = shim.attach().unwrap();
-    f.wait_log("isatty", Duration::from_secs(10));
-    shim.resize(100, 30).unwrap();
-    a.resize(100, 30).unwrap();
-    a.write_stdin(b"hello\n").unwrap();
-    let mut seen = Vec::new();
-    let exit = loop {
-        match a.next_event().unwrap() {
-            Some(AttachEvent::Stdout(d)) => seen.extend_from_slice(&d),
-            Some(AttachEvent::Stderr(_)) => panic!("a tty has no stderr"),
-            Some(AttachEvent::Exit(e)) => break e,
-            None => panic!("attach closed before the exit"),
-        }
-    };
+    let shim = f.spawn(true, true, false).await;
+    shim.start().await.unwrap();
+    let mut a = Attach::to(&shim).await.unwrap();
+    f.wait_log("isatty", Duration::from_secs(10)).await;
+    shim.resize(100, 30).await.unwrap();
+    a.resize(100, 30).await.unwrap();
+    a.write_stdin(b"hello\n").await.unwrap();
+    // A tty has no stderr: `until_exit` fails on any.
+    let (seen, exit) = a.until_exit().await;
     assert_eq!(exit.exit_code, 0);
     let seen = String::from_utf8_lossy(&seen);
     assert!(seen.contains("30 100"), "{seen:?}");
@@ -249,34 +234,25 @@ fn tty_container(rt: Rt) {
 }
 both!(tty_container);
 
-fn attach_stdin_once(rt: Rt) {
+async fn attach_stdin_once(rt: Rt) {
     let mut f = Fixture::new(rt, "cat", &["cat"], false);
-    let shim = f.spawn(false, true, true);
-    shim.start().unwrap();
-    let mut a = shim.attach().unwrap();
-    let mut b = shim.attach().unwrap();
+    let shim = f.spawn(false, true, true).await;
+    shim.start().await.unwrap();
+    let mut a = Attach::to(&shim).await.unwrap();
+    let mut b = Attach::to(&shim).await.unwrap();
     // Let the monitor register both before any output.
-    std::thread::sleep(Duration::from_millis(200));
-    a.write_stdin(b"hello\n").unwrap();
-    let read_until = |c: &mut crust_shim::Attach, want: &str| {
-        let mut got = Vec::new();
-        while !String::from_utf8_lossy(&got).contains(want) {
-            match c.next_event().unwrap() {
-                Some(AttachEvent::Stdout(d)) => got.extend_from_slice(&d),
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-    };
-    read_until(&mut a, "hello\n");
-    read_until(&mut b, "hello\n");
-    b.write_stdin(b"second\n").unwrap();
-    read_until(&mut a, "second\n");
+    sleep_ms(200).await;
+    a.write_stdin(b"hello\n").await.unwrap();
+    a.read_until("hello\n").await;
+    b.read_until("hello\n").await;
+    b.write_stdin(b"second\n").await.unwrap();
+    a.read_until("second\n").await;
     // The first client with stdin closes it: with stdin_once the
     // container's stdin closes and cat ends.
-    a.close_stdin().unwrap();
+    a.close_stdin().await.unwrap();
     for c in [&mut a, &mut b] {
         let e = loop {
-            match c.next_event().unwrap() {
+            match c.next_event().await.unwrap() {
                 Some(AttachEvent::Exit(e)) => break e,
                 Some(_) => {}
                 None => panic!("closed without exit"),
@@ -289,30 +265,39 @@ fn attach_stdin_once(rt: Rt) {
 }
 both!(attach_stdin_once);
 
-fn exec_sync(rt: Rt) {
+async fn exec_sync(rt: Rt) {
     let mut f = Fixture::new(rt, "execsync", LOOP, false);
-    let shim = f.spawn(false, false, false);
+    let shim = f.spawn(false, false, false).await;
     // Not running yet.
-    let r = shim.exec_sync(&ExecRequest {
-        args: vec!["true".into()],
-        ..Default::default()
-    });
+    let r = shim
+        .exec_sync(&ExecRequest {
+            args: vec!["true".into()],
+            ..Default::default()
+        })
+        .await;
     assert!(matches!(r, Err(Error::Shim { .. })), "{r:?}");
-    shim.start().unwrap();
-    let run = |args: &[&str], timeout_ms: u64| {
+    shim.start().await.unwrap();
+    let run = async |args: &[&str], timeout_ms: u64| {
         shim.exec_sync(&ExecRequest {
             args: args.iter().map(|s| s.to_string()).collect(),
             timeout_ms,
             ..Default::default()
         })
+        .await
     };
-    let o = run(&["echo", "hi"], 0).unwrap();
+    let o = run(&["echo", "hi"], 0).await.unwrap();
     assert_eq!(
         (o.exit_code, &o.stdout[..], &o.stderr[..], o.timed_out),
         (0, &b"hi\n"[..], &b""[..], false)
     );
-    assert_eq!(run(&["sh", "-c", "exit 3"], 10_000).unwrap().exit_code, 3);
-    let o = run(&["sh", "-c", "echo e >&2; echo o"], 0).unwrap();
+    assert_eq!(
+        run(&["sh", "-c", "exit 3"], 10_000)
+            .await
+            .unwrap()
+            .exit_code,
+        3
+    );
+    let o = run(&["sh", "-c", "echo e >&2; echo o"], 0).await.unwrap();
     assert_eq!((&o.stdout[..], &o.stderr[..]), (&b"o\n"[..], &b"e\n"[..]));
     // Env is the container's plus the request's.
     let o = shim
@@ -321,11 +306,12 @@ fn exec_sync(rt: Rt) {
             env: vec!["FOO=bar".into()],
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(o.stdout, b"bar:/\n");
     // Timeout: killed and reported.
     let t = Instant::now();
-    let o = run(&["sleep", "10"], 300).unwrap();
+    let o = run(&["sleep", "10"], 300).await.unwrap();
     assert!(o.timed_out);
     assert_eq!(o.exit_code, 137);
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
@@ -334,74 +320,75 @@ fn exec_sync(rt: Rt) {
         &["sh", "-c", "head -c 17000000 /dev/zero; echo done >&2"],
         60_000,
     )
+    .await
     .unwrap();
     assert_eq!(o.exit_code, 0);
     assert_eq!(o.stdout.len(), 16 << 20);
     assert!(o.stdout_truncated && !o.stderr_truncated);
     assert_eq!(o.stderr, b"done\n");
     // A command that does not exist.
-    let r = run(&["/no/such/binary"], 0);
+    let r = run(&["/no/such/binary"], 0).await;
     match r {
         Err(Error::Shim { .. }) => {}
         Ok(o) => assert_ne!(o.exit_code, 0),
         Err(e) => panic!("{e}"),
     }
     // Still fine afterwards.
-    assert_eq!(run(&["true"], 0).unwrap().exit_code, 0);
-    f.wait_log("ready", Duration::from_secs(10));
-    shim.kill(15, false).unwrap();
-    assert_eq!(shim.wait().unwrap().exit_code, 0);
+    assert_eq!(run(&["true"], 0).await.unwrap().exit_code, 0);
+    f.wait_log("ready", Duration::from_secs(10)).await;
+    shim.kill(15, false).await.unwrap();
+    assert_eq!(shim.wait().await.unwrap().exit_code, 0);
 }
 both!(exec_sync);
 
-fn exec_sessions(rt: Rt) {
+async fn exec_sessions(rt: Rt) {
     let mut f = Fixture::new(rt, "exec", LOOP, false);
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
 
     // Pipes, stdin.
-    let s = shim
-        .exec(&ExecRequest {
+    let s = session(
+        &shim,
+        ExecRequest {
             exec_id: "e1".into(),
             args: vec!["cat".into()],
             stdin: true,
             ..Default::default()
-        })
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     assert!(s.pid > 0);
     assert!(s.shim.state_dir().ends_with("exec/e1"));
-    let mut a = s.shim.attach().unwrap();
-    a.write_stdin(b"ping\n").unwrap();
-    let mut got = Vec::new();
-    while !got.ends_with(b"ping\n") {
-        match a.next_event().unwrap() {
-            Some(AttachEvent::Stdout(d)) => got.extend_from_slice(&d),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    a.close_stdin().unwrap();
+    let mut a = Attach::to(&s.shim).await.unwrap();
+    a.write_stdin(b"ping\n").await.unwrap();
+    a.read_until("ping\n").await;
+    a.close_stdin().await.unwrap();
     let e = loop {
-        match a.next_event().unwrap() {
+        match a.next_event().await.unwrap() {
             Some(AttachEvent::Exit(e)) => break e,
             Some(_) => {}
             None => panic!("closed without exit"),
         }
     };
     assert_eq!(e.exit_code, 0);
-    assert_eq!(s.shim.wait().unwrap().exit_code, 0);
+    assert_eq!(s.shim.wait().await.unwrap().exit_code, 0);
     // A used id is refused while its directory exists.
-    let dup = shim.exec(&ExecRequest {
-        exec_id: "e1".into(),
-        args: vec!["true".into()],
-        ..Default::default()
-    });
+    let dup = shim
+        .exec(&ExecRequest {
+            exec_id: "e1".into(),
+            args: vec!["true".into()],
+            ..Default::default()
+        })
+        .await;
     assert!(matches!(dup, Err(Error::Shim { .. })));
 
     // A tty with its initial size, set before the process runs (by runc,
     // and by the embedded exec), output produced before the attach is not
     // lost, a resize from the client, the exit code passed through.
-    let s = shim
-        .exec(&ExecRequest {
+    let s = session(
+        &shim,
+        ExecRequest {
             exec_id: "e2".into(),
             args: vec![
                 "sh".into(),
@@ -412,21 +399,16 @@ fn exec_sessions(rt: Rt) {
             stdin: true,
             console_size: Some((100, 30)),
             ..Default::default()
-        })
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    let mut a = s.shim.attach().unwrap();
-    a.resize(120, 40).unwrap();
-    a.write_stdin(b"go\n").unwrap();
-    let mut got = Vec::new();
-    let e = loop {
-        match a.next_event().unwrap() {
-            Some(AttachEvent::Stdout(d)) => got.extend_from_slice(&d),
-            Some(AttachEvent::Stderr(_)) => panic!("tty has no stderr"),
-            Some(AttachEvent::Exit(e)) => break e,
-            None => panic!("closed without exit"),
-        }
-    };
+        },
+    )
+    .await
+    .unwrap();
+    sleep_ms(500).await;
+    let mut a = Attach::to(&s.shim).await.unwrap();
+    a.resize(120, 40).await.unwrap();
+    a.write_stdin(b"go\n").await.unwrap();
+    // A tty has no stderr: `until_exit` fails on any.
+    let (got, e) = a.until_exit().await;
     assert_eq!(e.exit_code, 5);
     assert!(
         String::from_utf8_lossy(&got).contains("30 100"),
@@ -435,39 +417,43 @@ fn exec_sessions(rt: Rt) {
     );
 
     // The last client going away kills the process (as containerd).
-    let s = shim
-        .exec(&ExecRequest {
+    let s = session(
+        &shim,
+        ExecRequest {
             exec_id: "e3".into(),
             args: vec!["sleep".into(), "1000".into()],
             ..Default::default()
-        })
-        .unwrap();
-    let a = s.shim.attach().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+        },
+    )
+    .await
+    .unwrap();
+    let a = Attach::to(&s.shim).await.unwrap();
+    sleep_ms(200).await;
     drop(a);
-    let e = s.shim.wait().unwrap();
+    let e = s.shim.wait().await.unwrap();
     assert_eq!(e.exit_code, 137);
-    assert!(eventually(Duration::from_secs(5), || !alive(
-        s.shim.shim_pid()
-    )));
+    assert!(eventually(Duration::from_secs(5), || !alive(s.shim.shim_pid())).await);
 
     // Nobody attaches: the session gives up after its attach timeout.
-    let s = shim
-        .exec(&ExecRequest {
+    let s = session(
+        &shim,
+        ExecRequest {
             exec_id: "e4".into(),
             args: vec!["sleep".into(), "1000".into()],
             timeout_ms: 300,
             ..Default::default()
-        })
-        .unwrap();
-    assert_eq!(s.shim.wait().unwrap().exit_code, 137);
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.shim.wait().await.unwrap().exit_code, 137);
 
-    shim.kill(9, false).unwrap();
-    shim.wait().unwrap();
+    shim.kill(9, false).await.unwrap();
+    shim.wait().await.unwrap();
 }
 both!(exec_sessions);
 
-fn reopen_log(rt: Rt) {
+async fn reopen_log(rt: Rt) {
     let mut f = Fixture::new(
         rt,
         "reopen",
@@ -478,29 +464,30 @@ fn reopen_log(rt: Rt) {
         ],
         false,
     );
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
-    f.wait_log("line3\n", Duration::from_secs(10));
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
+    f.wait_log("line3\n", Duration::from_secs(10)).await;
     let rotated = f.log_path.with_extension("log.1");
     fs::rename(&f.log_path, &rotated).unwrap();
-    shim.reopen_log().unwrap();
-    let new = f.wait_log("line", Duration::from_secs(10));
+    shim.reopen_log().await.unwrap();
+    let new = f.wait_log("line", Duration::from_secs(10)).await;
     let old = fs::read_to_string(&rotated).unwrap();
     assert!(old.contains("stdout F line3\n"));
     // No line is in both or lost: the numbers continue.
     let last_old: u32 = log_lines(&old).last().unwrap().2[4..].parse().unwrap();
     let first_new: u32 = log_lines(&new)[0].2[4..].parse().unwrap();
     assert_eq!(first_new, last_old + 1);
-    shim.kill(9, false).unwrap();
-    shim.wait().unwrap();
+    shim.kill(9, false).await.unwrap();
+    shim.wait().await.unwrap();
 }
 both!(reopen_log);
 
-fn update_resources(rt: Rt) {
+async fn update_resources(rt: Rt) {
     let mut f = Fixture::new(rt, "update", LOOP, false);
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
     shim.update(&json!({"memory": {"limit": 67108864}, "cpu": {"shares": 512}}))
+        .await
         .unwrap();
     let mem = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"]
         .iter()
@@ -511,12 +498,12 @@ fn update_resources(rt: Rt) {
         .or_else(|_| fs::read_to_string(mem.join("memory.max")))
         .unwrap();
     assert_eq!(limit.trim(), "67108864");
-    shim.kill(9, false).unwrap();
-    shim.wait().unwrap();
+    shim.kill(9, false).await.unwrap();
+    shim.wait().await.unwrap();
 }
 both!(update_resources);
 
-fn oom_killed(rt: Rt) {
+async fn oom_killed(rt: Rt) {
     let mut f = Fixture::new(
         rt,
         "oom",
@@ -530,55 +517,47 @@ fn oom_killed(rt: Rt) {
     f.edit_spec(|s| {
         s["linux"]["resources"]["memory"] = json!({"limit": 33554432, "swap": 33554432});
     });
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
-    let e = shim.wait().unwrap();
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
+    let e = shim.wait().await.unwrap();
     assert!(e.oom_killed, "{e:?}; log: {}", f.log());
 }
 both!(oom_killed);
 
-fn survives_parent_and_reconnects(rt: Rt) {
+async fn survives_parent_and_reconnects(rt: Rt) {
     let mut f = Fixture::new(rt, "detach", LOOP, false);
-    let shim = f.spawn(false, false, false);
+    let shim = f.spawn(false, false, false).await;
     let pid = shim.shim_pid();
     // Not our child, not in our session: a daemon restart or crash does
     // not touch it.
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    // After the command: state, ppid, pgrp, session (proc(5)).
-    let (ppid, sid): (i32, i32) = (fields[1].parse().unwrap(), fields[3].parse().unwrap());
+    let (ppid, sid) = ppid_and_session(&pid.to_string());
     assert_ne!(
         sid, 0,
         "the monitor's session must be visible in our PID namespace"
     );
     assert_ne!(ppid, std::process::id() as i32);
-    assert_ne!(sid, nix::unistd::getsid(None).unwrap().as_raw());
+    assert_ne!(sid, ppid_and_session("self").1);
     assert_ne!(sid, pid, "the monitor must not be a session leader");
     // Recovery: everything from the state dir.
     drop(shim);
     let again = Shim::connect(&f.state_dir).unwrap();
     assert_eq!(again.shim_pid(), pid);
-    assert_eq!(again.state().unwrap().status, Status::Created);
-    again.start().unwrap();
+    assert_eq!(again.state().await.unwrap().status, Status::Created);
+    again.start().await.unwrap();
     let third = Shim::connect(&f.state_dir).unwrap();
-    assert_eq!(third.state().unwrap().status, Status::Running);
+    assert_eq!(third.state().await.unwrap().status, Status::Running);
     assert_eq!(third.pid(), again.pid());
-    f.wait_log("ready", Duration::from_secs(10));
-    third.kill(15, false).unwrap();
-    assert_eq!(third.wait().unwrap().exit_code, 0);
+    f.wait_log("ready", Duration::from_secs(10)).await;
+    third.kill(15, false).await.unwrap();
+    assert_eq!(third.wait().await.unwrap().exit_code, 0);
 }
 both!(survives_parent_and_reconnects);
 
-fn create_failure_leaves_nothing(rt: Rt) {
+async fn create_failure_leaves_nothing(rt: Rt) {
     let mut f = Fixture::new(rt, "bad", &["true"], false);
     f.edit_spec(|s| s["root"]["path"] = json!("no-such-rootfs"));
     let cfg = f.config(false, false, false);
-    match f.spawn_with(cfg) {
+    match f.spawn_with(cfg).await {
         Err(Error::Startup(msg)) => assert!(!msg.is_empty()),
         other => panic!("expected a start-up error, got {other:?}"),
     }
@@ -586,35 +565,37 @@ fn create_failure_leaves_nothing(rt: Rt) {
     assert!(!f.state_dir.join("shim.pid").exists());
     assert!(!f.state_dir.join("ctl.sock").exists());
     assert!(!f.runtime_root.join(&f.id).exists());
-    assert!(eventually(Duration::from_secs(2), || f
-        .cgroup_dirs()
-        .is_empty()));
+    assert!(eventually(Duration::from_secs(2), || f.cgroup_dirs().is_empty()).await);
 }
 both!(create_failure_leaves_nothing);
 
-fn idle_memory(rt: Rt) {
+async fn idle_memory(rt: Rt) {
     let mut f = Fixture::new(rt, "mem", LOOP, false);
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
     // A bit of everyday work first: a probe and a state call.
     shim.exec_sync(&ExecRequest {
         args: vec!["true".into()],
         ..Default::default()
     })
+    .await
     .unwrap();
-    shim.state().unwrap();
+    shim.state().await.unwrap();
     // Idle: the monitor trims its working set 2 s after the last request.
-    std::thread::sleep(Duration::from_millis(2600));
+    sleep_ms(2600).await;
     let idle = mem(shim.shim_pid());
-    let s = shim
-        .exec(&ExecRequest {
+    let s = session(
+        &shim,
+        ExecRequest {
             exec_id: "m1".into(),
             args: vec!["sleep".into(), "1000".into()],
             ..Default::default()
-        })
-        .unwrap();
-    let a = s.shim.attach().unwrap();
-    std::thread::sleep(Duration::from_millis(2600));
+        },
+    )
+    .await
+    .unwrap();
+    let a = Attach::to(&s.shim).await.unwrap();
+    sleep_ms(2600).await;
     let with_exec = mem(shim.shim_pid());
     let session = mem(s.shim.shim_pid());
     eprintln!(
@@ -626,7 +607,7 @@ fn idle_memory(rt: Rt) {
         }
     );
     drop(a);
-    s.shim.wait().unwrap();
+    s.shim.wait().await.unwrap();
     if !cfg!(debug_assertions) {
         // The budget of the design (release builds only): under 1 MiB PSS
         // and 2 MiB RSS idle, at most double that with an exec running.
@@ -641,8 +622,8 @@ fn idle_memory(rt: Rt) {
             "{with_exec:?} {session:?}"
         );
     }
-    shim.kill(9, false).unwrap();
-    shim.wait().unwrap();
+    shim.kill(9, false).await.unwrap();
+    shim.wait().await.unwrap();
 }
 both!(idle_memory);
 
@@ -658,71 +639,71 @@ fn cpu_ticks(pid: i32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-fn abandoned_requests(rt: Rt) {
-    use crust_shim::frame;
+async fn abandoned_requests(rt: Rt) {
+    use crust_shim_protocol::frame;
+    use std::os::unix::net::UnixStream;
     let mut f = Fixture::new(rt, "abandon", LOOP, false);
-    let shim = f.spawn(false, false, false);
-    shim.start().unwrap();
+    let shim = f.spawn(false, false, false).await;
+    shim.start().await.unwrap();
     // A Wait, an exec-sync and an attach whose clients vanish, plus garbage.
     for req in [
         json!({"op": "wait"}),
         json!({"op": "exec_sync", "args": ["sleep", "1000"]}),
     ] {
-        let mut s = crust_shim::client::connect_in(&f.state_dir, "ctl.sock").unwrap();
+        let mut s = UnixStream::connect(f.state_dir.join("ctl.sock")).unwrap();
         frame::write_message(&mut s, &serde_json::to_vec(&req).unwrap()).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
+        sleep_ms(100).await;
     }
-    let mut s = crust_shim::client::connect_in(&f.state_dir, "ctl.sock").unwrap();
+    let mut s = UnixStream::connect(f.state_dir.join("ctl.sock")).unwrap();
     std::io::Write::write_all(&mut s, &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
     drop(s);
-    let mut s = crust_shim::client::connect_in(&f.state_dir, "ctl.sock").unwrap();
+    let mut s = UnixStream::connect(f.state_dir.join("ctl.sock")).unwrap();
     frame::write_message(&mut s, b"{not json").unwrap();
     let resp = frame::read_message(&mut s).unwrap().unwrap();
     assert!(String::from_utf8_lossy(&resp).contains("bad request"));
     drop(s);
-    let a = shim.attach().unwrap();
+    let a = Attach::to(&shim).await.unwrap();
     drop(a);
-    std::thread::sleep(Duration::from_millis(300));
+    sleep_ms(300).await;
     // Idle again: no busy loop, and still serving.
     let before = cpu_ticks(shim.shim_pid());
-    std::thread::sleep(Duration::from_millis(1000));
+    sleep_ms(1000).await;
     let used = cpu_ticks(shim.shim_pid()) - before;
     assert!(used <= 2, "the monitor used {used} ticks while idle");
-    assert_eq!(shim.state().unwrap().status, Status::Running);
-    // The abandoned exec-sync's process was killed: only the loop's
-    // processes remain in the container.
+    assert_eq!(shim.state().await.unwrap().status, Status::Running);
+    // The abandoned exec-sync's process was killed: no `sleep 1000` is
+    // left in the container (the pattern keeps grep from finding itself).
     let o = shim
         .exec_sync(&ExecRequest {
             args: vec![
                 "sh".into(),
                 "-c".into(),
-                "ps -o comm | grep -c 'sleep 1000' || true".into(),
+                "ps -o args | grep -c '[s]leep 1000' || true".into(),
             ],
             ..Default::default()
         })
+        .await
         .unwrap();
-    let _ = o;
-    f.wait_log("ready", Duration::from_secs(10));
-    shim.kill(15, false).unwrap();
-    assert_eq!(shim.wait().unwrap().exit_code, 0);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "0\n");
+    f.wait_log("ready", Duration::from_secs(10)).await;
+    shim.kill(15, false).await.unwrap();
+    assert_eq!(shim.wait().await.unwrap().exit_code, 0);
 }
 both!(abandoned_requests);
 
 /// crun through the same CLI runtime: a full run where crun can run
 /// containers, and a clean start-up error where it cannot (crun refuses
 /// hybrid cgroup hosts such as this test machine).
-#[test]
-fn crun_cli() {
-    if !can_run(Rt::Crun) {
-        return;
-    }
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crun_cli() {
+    require(Rt::Crun);
     let hybrid = std::path::Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists();
     let mut f = Fixture::new(Rt::Crun, "crun", &["sh", "-c", "echo hi; exit 3"], false);
     let cfg = f.config(false, false, false);
-    match f.spawn_with(cfg) {
+    match f.spawn_with(cfg).await {
         Ok(shim) => {
-            shim.start().unwrap();
-            assert_eq!(shim.wait().unwrap().exit_code, 3);
+            shim.start().await.unwrap();
+            assert_eq!(shim.wait().await.unwrap().exit_code, 3);
             assert_eq!(
                 of_stream(&log_lines(&f.log()), "stdout"),
                 vec![('F', "hi".into())]
@@ -738,28 +719,21 @@ fn crun_cli() {
     }
 }
 
-fn stdin_once_on_detach(rt: Rt) {
+async fn stdin_once_on_detach(rt: Rt) {
     let mut f = Fixture::new(rt, "detach-stdin", &["sh", "-c", "cat; echo eof"], false);
-    let shim = f.spawn(false, true, true);
-    shim.start().unwrap();
+    let shim = f.spawn(false, true, true).await;
+    shim.start().await.unwrap();
     // A watcher without stdin does not count.
-    let mut watcher = shim.attach().unwrap();
-    let quiet = shim.attach().unwrap();
+    let mut watcher = Attach::to(&shim).await.unwrap();
+    let quiet = Attach::to(&shim).await.unwrap();
     drop(quiet);
     // A client that declared stdin and leaves without a word closes it.
-    let mut a = shim.attach().unwrap();
-    a.declare_stdin().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(shim.state().unwrap().status, Status::Running);
+    let mut a = Attach::to(&shim).await.unwrap();
+    a.declare_stdin().await.unwrap();
+    sleep_ms(200).await;
+    assert_eq!(shim.state().await.unwrap().status, Status::Running);
     drop(a);
-    let mut out = Vec::new();
-    let e = loop {
-        match watcher.next_event().unwrap() {
-            Some(AttachEvent::Stdout(d)) => out.extend_from_slice(&d),
-            Some(AttachEvent::Exit(e)) => break e,
-            other => panic!("unexpected {other:?}"),
-        }
-    };
+    let (out, e) = watcher.until_exit().await;
     assert_eq!(e.exit_code, 0);
     assert_eq!(out, b"eof\n");
 }
@@ -768,7 +742,7 @@ both!(stdin_once_on_detach);
 /// State dirs deeper than a socket address allows (108 bytes): the monitor
 /// binds relative names, the client connects through /proc/self/fd, runc
 /// gets a relative console socket.
-fn long_state_dir(rt: Rt) {
+async fn long_state_dir(rt: Rt) {
     let mut f = Fixture::new(rt, "long", LOOP, true);
     f.state_dir = f
         .tmp
@@ -777,32 +751,51 @@ fn long_state_dir(rt: Rt) {
         .join("e".repeat(40))
         .join("state");
     assert!(f.state_dir.as_os_str().len() > 108);
-    let shim = f.spawn(true, false, false);
-    shim.start().unwrap();
-    f.wait_log("ready", Duration::from_secs(10));
-    let s = shim
-        .exec(&ExecRequest {
+    let shim = f.spawn(true, false, false).await;
+    shim.start().await.unwrap();
+    f.wait_log("ready", Duration::from_secs(10)).await;
+    let s = session(
+        &shim,
+        ExecRequest {
             exec_id: "x".repeat(60),
             args: vec!["sh".into(), "-c".into(), "test -t 1 && echo tty".into()],
             tty: true,
             ..Default::default()
-        })
-        .unwrap();
-    let mut a = s.shim.attach().unwrap();
-    let mut got = Vec::new();
-    loop {
-        match a.next_event().unwrap() {
-            Some(AttachEvent::Stdout(d)) => got.extend_from_slice(&d),
-            Some(AttachEvent::Exit(e)) => {
-                assert_eq!(e.exit_code, 0);
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+        },
+    )
+    .await
+    .unwrap();
+    let mut a = Attach::to(&s.shim).await.unwrap();
+    let (got, e) = a.until_exit().await;
+    assert_eq!(e.exit_code, 0);
     assert!(String::from_utf8_lossy(&got).contains("tty"));
     let again = Shim::connect(&f.state_dir).unwrap();
-    again.kill(15, false).unwrap();
-    assert_eq!(again.wait().unwrap().exit_code, 0);
+    again.kill(15, false).await.unwrap();
+    assert_eq!(again.wait().await.unwrap().exit_code, 0);
 }
 both!(long_state_dir);
+
+/// Waiting costs no thread: many waiters on one container, all answered
+/// at its exit, and a wait after the monitor is gone reads the exit file.
+async fn many_waiters(rt: Rt) {
+    let mut f = Fixture::new(rt, "waiters", &["cat"], false);
+    let shim = f.spawn(false, true, true).await;
+    assert_eq!(shim.state().await.unwrap().status, Status::Created);
+    let waiters: Vec<_> = (0..20)
+        .map(|_| {
+            let s = shim.clone();
+            tokio::spawn(async move { s.wait().await })
+        })
+        .collect();
+    shim.start().await.unwrap();
+    let mut a = Attach::to(&shim).await.unwrap();
+    a.write_stdin(b"async\n").await.unwrap();
+    a.read_until("async\n").await;
+    a.close_stdin().await.unwrap();
+    for h in waiters {
+        assert_eq!(h.await.unwrap().unwrap().exit_code, 0);
+    }
+    assert!(eventually(Duration::from_secs(5), || !alive(shim.shim_pid())).await);
+    assert_eq!(shim.wait().await.unwrap().exit_code, 0);
+}
+both!(many_waiters);

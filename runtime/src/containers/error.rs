@@ -42,18 +42,18 @@ impl ContainerError {
 
     /// A monitor's answer: its refusals keep their kind; a monitor that is
     /// gone means the container is not running.
-    pub fn from_monitor(e: crust_shim::Error) -> ContainerError {
-        use crust_shim::protocol::ErrorKind;
+    pub fn from_monitor(e: crust_shim_protocol::Error) -> ContainerError {
+        use crust_shim_protocol::ErrorKind;
         match e {
-            crust_shim::Error::Shim {
+            crust_shim_protocol::Error::Shim {
                 kind: ErrorKind::InvalidArgument,
                 message,
             } => ContainerError::InvalidArgument(message),
-            crust_shim::Error::Shim {
+            crust_shim_protocol::Error::Shim {
                 kind: ErrorKind::FailedPrecondition,
                 message,
             } => ContainerError::FailedPrecondition(message),
-            crust_shim::Error::Gone => {
+            crust_shim_protocol::Error::Gone => {
                 ContainerError::FailedPrecondition("the container is not running".into())
             }
             e => ContainerError::Internal(e.to_string()),

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crust_linux::cgroups::{Hierarchy, PodCgroup};
-use crust_shim::{ExecRequest, ExecSyncOutput, ExitInfo, RuntimeConfig};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, RuntimeConfig};
 use serde_json::Value;
 use tracing::{info, warn};
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
-use crust_shim::{ExecRequest, ExecSyncOutput};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput};
 use prost::Message;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};

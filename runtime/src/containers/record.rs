@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
-use crust_shim::{ExitInfo, RuntimeConfig};
+use crust_shim_protocol::{ExitInfo, RuntimeConfig};
 use crust_store::{Kind, Record};
 use prost::Message;
 use serde::{Deserialize, Serialize};

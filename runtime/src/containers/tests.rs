@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crust_api::v1::{LinuxContainerResources, NamespaceMode};
-use crust_shim::ExecSyncOutput;
+use crust_shim_protocol::ExecSyncOutput;
 
 use super::{ContainerError, ContainerRecord, ContainerState};
 use crate::events::EventKind;

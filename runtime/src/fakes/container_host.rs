@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use crust_oci::{Host, HostDevice, HostPropagation};
-use crust_shim::{ExecRequest, ExecSyncOutput, ExitInfo};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo};
 use serde_json::Value;
 use tokio::sync::Notify;
 

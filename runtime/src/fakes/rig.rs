@@ -69,7 +69,7 @@ impl Rig {
         container_host: Arc<FakeContainerHost>,
         images: Arc<FakeImages>,
     ) -> Rig {
-        use crust_shim::RuntimeConfig;
+        use crust_shim_protocol::RuntimeConfig;
         let store = Arc::new(crust_store::Store::open(&dir.path().join("meta.db")).unwrap());
         let root = dir.path();
         let pods = Arc::new(crate::pods::Pods::new(

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crust_api::v1::NamespaceMode;
-use crust_shim::RuntimeConfig;
+use crust_shim_protocol::RuntimeConfig;
 
 use super::{PodError, PodRecord};
 use crate::launch::Launch;

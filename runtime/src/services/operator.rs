@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use crust_api::admin::v1::daemon_server::Daemon as DaemonService;
 use crust_api::admin::v1::*;
-use crust_shim::RuntimeConfig;
+use crust_shim_protocol::RuntimeConfig;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 

@@ -341,6 +341,29 @@ mod tests {
         assert!(err.is_session_error());
     }
 
+    proptest::proptest! {
+        #![proptest_config(crust_quote::testing::config(512))]
+
+        /// A block that claims up to 4 billion pairs is refused before
+        /// anything is allocated for them; a real one parses.
+        #[test]
+        fn pair_counts_never_outrun_the_block(
+            count in proptest::prelude::any::<u32>(),
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let mut raw = count.to_be_bytes().to_vec();
+            raw.extend_from_slice(&body);
+            let mut z = Compress::new(Compression::default(), true);
+            z.set_dictionary(&DICTIONARY).unwrap();
+            let mut block = Vec::with_capacity(raw.len() + 256);
+            z.compress_vec(&raw, &mut block, FlushCompress::Sync).unwrap();
+            match HeaderDecoder::new(4096).decode(&block) {
+                Ok(h) => proptest::prop_assert!(h.len() <= body.len() / 8),
+                Err(e) => proptest::prop_assert!(!e.is_session_error(), "{}", e),
+            }
+        }
+    }
+
     #[test]
     fn random_blocks_never_panic() {
         let mut rng = crate::spdy::tests_support::XorShift(42);

@@ -17,11 +17,9 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio as ProcStdio};
 
-use super::{CreateOptions, ExecOptions, OciRuntime, Result, RuntimeError, RuntimeState, Stdio};
+use crust_shim_protocol::DEFAULT_PATH;
 
-/// PATH for the runtime (hooks may need one); the monitor itself runs with
-/// an empty environment.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+use super::{CreateOptions, ExecOptions, OciRuntime, Result, RuntimeError, RuntimeState, Stdio};
 
 pub struct CliRuntime {
     path: PathBuf,

@@ -35,10 +35,10 @@ use libcontainer::container::ContainerStatus;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::signal::Signal;
 use libcontainer::syscall::syscall::SyscallType;
-use nix::fcntl::OFlag;
-use nix::sys::wait::waitpid;
+use std::os::fd::{AsFd, OwnedFd};
 
 use super::{CreateOptions, ExecOptions, OciRuntime, Result, RuntimeError, RuntimeState};
+use crust_linux::children;
 use crust_linux::process as sys;
 
 pub struct EmbeddedRuntime {
@@ -80,8 +80,10 @@ fn in_child<F: FnOnce() -> ChildResult>(op: &str, f: F) -> Result<i64> {
     // and the parent reads it after the child has exited. It must not read
     // to EOF: the container's init inherits the write end and keeps it
     // until it execs (after `start`).
-    let (r, w) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(std::io::Error::from)?;
+    let (r, w) = std::io::pipe()?;
+    let (r, w) = (OwnedFd::from(r), OwnedFd::from(w));
+    sys::set_nonblocking(r.as_fd())?;
+    sys::set_nonblocking(w.as_fd())?;
     match sys::fork()? {
         None => {
             drop(r);
@@ -107,7 +109,7 @@ fn in_child<F: FnOnce() -> ChildResult>(op: &str, f: F) -> Result<i64> {
         Some(child) => {
             drop(w);
             drop(f);
-            while let Err(nix::errno::Errno::EINTR) = waitpid(child, None) {}
+            let _ = children::wait_for(child);
             let mut out = Vec::new();
             let mut r = File::from(r);
             let mut buf = [0u8; 8192];

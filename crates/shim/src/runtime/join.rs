@@ -33,31 +33,17 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use nix::fcntl::OFlag;
-use nix::sched::CloneFlags;
-use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
-use nix::sys::stat::{Mode, SFlag};
+use crust_linux::children;
+use crust_linux::console::{self, Pty};
+use crust_linux::ns::ProcessNamespaces;
+use crust_linux::process::{self as sys, StdFd};
 use nix::unistd::{Gid, Pid, Uid};
 use oci_spec::runtime::{LinuxSeccomp, Process, Spec};
 
-use crust_linux::process as sys;
-
-/// The namespaces an exec process joins, in the order it joins them: the
-/// user namespace first (it owns the others), the mount namespace last
-/// (after it, host paths no longer resolve).
-const NAMESPACES: [(&str, CloneFlags); 7] = [
-    ("user", CloneFlags::CLONE_NEWUSER),
-    ("ipc", CloneFlags::CLONE_NEWIPC),
-    ("uts", CloneFlags::CLONE_NEWUTS),
-    ("net", CloneFlags::CLONE_NEWNET),
-    ("pid", CloneFlags::CLONE_NEWPID),
-    ("cgroup", CloneFlags::CLONE_NEWCGROUP),
-    ("mnt", CloneFlags::CLONE_NEWNS),
-];
-
+/// runc's PATH for an exec process whose environment has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// What the new process needs, gathered in the host's view.
@@ -107,14 +93,17 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
         None => NewStdio::Fds(open_stdio(req.stdio)?),
     };
     let single = sys::SingleThreaded::check().map_err(|e| format!("fork: {e}"))?;
-    let namespaces = open_namespaces(req.init_pid)?;
-    (req.join_cgroup)(Pid::this())?;
-    for (name, flag, fd) in &namespaces {
-        nix::sched::setns(fd.as_fd(), *flag)
-            .map_err(|e| format!("joining the container's {name} namespace: {e}"))?;
-    }
-    drop(namespaces);
-    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let namespaces = ProcessNamespaces::open_differing(req.init_pid).map_err(|e| match e {
+        crust_linux::Error::ProcessGone { .. } => {
+            "the container is not running (its init is gone)".to_string()
+        }
+        e => format!("the container's namespaces: {e}"),
+    })?;
+    (req.join_cgroup)(Pid::from_raw(std::process::id() as i32))?;
+    namespaces
+        .enter()
+        .map_err(|e| format!("joining the container's namespaces: {e}"))?;
+    let (mut err_r, mut err_w) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
     match sys::fork_single_threaded(&single).map_err(|e| format!("fork: {e}"))? {
         None => {
             drop(err_r);
@@ -124,19 +113,20 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
                 Ok(never) => match never {},
                 Err(e) => e,
             };
-            let _ = File::from(err_w).write_all(msg.as_bytes());
+            let _ = err_w.write_all(msg.as_bytes());
+            drop(err_w);
             sys::exit_now(127)
         }
         Some(pid) => {
             drop(err_w);
             drop(stdio);
             let mut msg = String::new();
-            let _ = File::from(err_r).read_to_string(&mut msg);
+            let _ = err_r.read_to_string(&mut msg);
             if msg.is_empty() {
-                return Ok(pid.as_raw());
+                return Ok(pid);
             }
             // It failed before exec: reap it here (it is our child).
-            let _ = nix::sys::wait::waitpid(pid, None);
+            let _ = children::wait_for(pid);
             Err(msg)
         }
     }
@@ -156,20 +146,12 @@ fn connect_console(path: &Path) -> Result<OwnedFd, String> {
     let err = |e: &dyn std::fmt::Display| format!("console socket {}: {e}", path.display());
     let dir = path.parent().ok_or_else(|| err(&"no parent directory"))?;
     let name = path.file_name().ok_or_else(|| err(&"no file name"))?;
-    let dirfd: OwnedFd = File::open(dir).map_err(|e| err(&e))?.into();
+    let dirfd = File::open(dir).map_err(|e| err(&e))?;
     let short = Path::new("/proc/self/fd")
         .join(dirfd.as_raw_fd().to_string())
         .join(name);
-    let sock = nix::sys::socket::socket(
-        nix::sys::socket::AddressFamily::Unix,
-        nix::sys::socket::SockType::Stream,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(|e| err(&e))?;
-    let addr = UnixAddr::new(&short).map_err(|e| err(&e))?;
-    nix::sys::socket::connect(sock.as_raw_fd(), &addr).map_err(|e| err(&e))?;
-    Ok(sock)
+    let sock = UnixStream::connect(&short).map_err(|e| err(&e))?;
+    Ok(sock.into())
 }
 
 /// The stdio descriptors, duplicated above 2 so that putting them in place
@@ -198,34 +180,6 @@ fn dup_high(fd: &OwnedFd) -> Result<OwnedFd, String> {
     fd.try_clone().map_err(|e| format!("dup: {e}"))
 }
 
-/// The init's namespaces that differ from ours, opened, in joining order.
-fn open_namespaces(init_pid: i32) -> Result<Vec<(&'static str, CloneFlags, File)>, String> {
-    let mut out = Vec::new();
-    for (name, flag) in NAMESPACES {
-        let theirs = format!("/proc/{init_pid}/ns/{name}");
-        let ours = format!("/proc/self/ns/{name}");
-        let their_meta = match std::fs::metadata(&theirs) {
-            Ok(m) => m,
-            // A kernel without this namespace type (cgroup before 4.6).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && name != "mnt" => {
-                if Path::new(&format!("/proc/{init_pid}")).exists() {
-                    continue;
-                }
-                return Err("the container is not running (its init is gone)".into());
-            }
-            Err(e) => return Err(format!("the container's {name} namespace: {e}")),
-        };
-        let our_meta = std::fs::metadata(&ours).map_err(|e| format!("{ours}: {e}"))?;
-        if (their_meta.dev(), their_meta.ino()) == (our_meta.dev(), our_meta.ino()) {
-            continue;
-        }
-        let f =
-            File::open(&theirs).map_err(|e| format!("the container's {name} namespace: {e}"))?;
-        out.push((name, flag, f));
-    }
-    Ok(out)
-}
-
 /// In the new process: everything up to `execve`. Returns only on failure.
 fn become_process(
     process: &Process,
@@ -234,12 +188,15 @@ fn become_process(
     stdio: NewStdio,
 ) -> Result<std::convert::Infallible, String> {
     let syscall = libcontainer::syscall::syscall::create_syscall();
-    nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+    sys::new_session().map_err(|e| format!("setsid: {e}"))?;
     match stdio {
         NewStdio::Pty(sock) => open_pty(process, sock)?,
         NewStdio::Fds(fds) => {
-            for (i, fd) in fds.iter().enumerate() {
-                nix::unistd::dup2(fd.as_raw_fd(), i as i32).map_err(|e| format!("dup2: {e}"))?;
+            for (target, fd) in [StdFd::Stdin, StdFd::Stdout, StdFd::Stderr]
+                .into_iter()
+                .zip(&fds)
+            {
+                sys::replace_std_fd(target, fd.as_fd()).map_err(|e| format!("dup2: {e}"))?;
             }
         }
     }
@@ -283,7 +240,7 @@ fn become_process(
         .set_id(Uid::from_raw(user.uid()), Gid::from_raw(user.gid()))
         .map_err(|e| format!("setting uid {} gid {}: {e}", user.uid(), user.gid()))?;
     if let Some(mask) = user.umask() {
-        nix::sys::stat::umask(Mode::from_bits_truncate(mask));
+        sys::set_umask(mask);
     }
     if let Some(caps) = process.capabilities() {
         libcontainer::capabilities::reset_effective(&*syscall)
@@ -292,7 +249,7 @@ fn become_process(
             .map_err(|e| format!("capabilities: {e}"))?;
     }
     let cwd = process.cwd();
-    nix::unistd::chdir(cwd).map_err(|e| format!("chdir to {}: {e}", cwd.display()))?;
+    std::env::set_current_dir(cwd).map_err(|e| format!("chdir to {}: {e}", cwd.display()))?;
     let mut env: Vec<String> = process.env().clone().unwrap_or_default();
     if !env.iter().any(|e| e.starts_with("HOME=")) {
         env.push(format!("HOME={}", home_of(user.uid())));
@@ -304,12 +261,12 @@ fn become_process(
     let path = CString::new(program.as_os_str().as_encoded_bytes())
         .map_err(|_| format!("{:?} contains a NUL byte", args[0]))?;
     if no_new_privs {
-        nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+        sys::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
         if let Some(s) = seccomp {
             load_seccomp(s)?;
         }
     }
-    let e = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
+    let e = sys::exec(&path, &argv, &envp);
     Err(format!("exec {:?}: {e}", args[0]))
 }
 
@@ -319,53 +276,24 @@ fn load_seccomp(s: &LinuxSeccomp) -> Result<(), String> {
         .map_err(|e| format!("loading the seccomp filter: {e}"))
 }
 
-/// A pty from the container's devpts, sized as the process asks before its
-/// program runs; the master goes to the monitor, the slave becomes our
-/// controlling terminal and stdio.
+/// A pty from the container's devpts (checked: the container controls its
+/// /dev), sized as the process asks before its program runs; the master
+/// goes to the monitor, the slave becomes our controlling terminal and
+/// stdio.
 fn open_pty(process: &Process, sock: OwnedFd) -> Result<(), String> {
-    let size = process.console_size().as_ref().map(|b| nix::pty::Winsize {
-        ws_row: b.height() as u16,
-        ws_col: b.width() as u16,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    });
-    let pty = nix::pty::openpty(size.as_ref(), None).map_err(|e| format!("openpty: {e}"))?;
-    check_pty(&pty.master, &pty.slave)?;
-    let fds = [pty.master.as_raw_fd()];
-    sendmsg::<UnixAddr>(
-        sock.as_raw_fd(),
-        &[std::io::IoSlice::new(b"/dev/ptmx")],
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::empty(),
-        None,
-    )
-    .map_err(|e| format!("sending the pty to the monitor: {e}"))?;
-    drop(pty.master);
+    let size = process
+        .console_size()
+        .as_ref()
+        .map(|b| (b.width() as u16, b.height() as u16));
+    let Pty { master, slave } =
+        console::open_pty(size).map_err(|e| format!("the container's pty: {e}"))?;
+    console::send_fd(sock.as_fd(), master.as_fd())
+        .map_err(|e| format!("sending the pty to the monitor: {e}"))?;
+    drop(master);
     drop(sock);
-    sys::set_controlling_terminal(pty.slave.as_fd()).map_err(|e| format!("TIOCSCTTY: {e}"))?;
-    for i in 0..3 {
-        nix::unistd::dup2(pty.slave.as_raw_fd(), i).map_err(|e| format!("dup2: {e}"))?;
-    }
-    Ok(())
-}
-
-/// The container controls its /dev: make sure what /dev/ptmx gave us is a
-/// real pty pair on devpts before the monitor trusts the master
-/// (CVE-2025-52565 is the init's variant of this).
-fn check_pty(master: &OwnedFd, slave: &OwnedFd) -> Result<(), String> {
-    const DEVPTS_SUPER_MAGIC: i64 = 0x1cd1;
-    const UNIX98_PTY_SLAVE_MAJOR: u64 = 136;
-    let fs = nix::sys::statfs::fstatfs(master).map_err(|e| format!("statfs of the pty: {e}"))?;
-    if fs.filesystem_type().0 as i64 != DEVPTS_SUPER_MAGIC {
-        return Err("the container's /dev/ptmx is not on a devpts filesystem".into());
-    }
-    let st =
-        nix::sys::stat::fstat(slave.as_raw_fd()).map_err(|e| format!("stat of the pty: {e}"))?;
-    let major = nix::sys::stat::major(st.st_rdev);
-    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFCHR
-        || !(UNIX98_PTY_SLAVE_MAJOR..UNIX98_PTY_SLAVE_MAJOR + 8).contains(&major)
-    {
-        return Err("the container's pty slave is not a pty".into());
+    console::set_controlling_terminal(slave.as_fd()).map_err(|e| format!("TIOCSCTTY: {e}"))?;
+    for target in [StdFd::Stdin, StdFd::Stdout, StdFd::Stderr] {
+        sys::replace_std_fd(target, slave.as_fd()).map_err(|e| format!("dup2: {e}"))?;
     }
     Ok(())
 }
@@ -401,8 +329,7 @@ fn find_program(arg0: &str, env: &[String]) -> Result<std::path::PathBuf, String
         .find_map(|e| e.strip_prefix("PATH="))
         .unwrap_or(DEFAULT_PATH);
     search_path(arg0, path, |p| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file())
-            && nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok()
+        std::fs::metadata(p).is_ok_and(|m| m.is_file()) && sys::is_executable(p)
     })
     .ok_or_else(|| format!("exec: {arg0:?}: executable file not found in $PATH"))
 }
@@ -449,11 +376,5 @@ mod tests {
         assert_eq!(home_in_passwd(passwd, 33).as_deref(), Some("/var/www"));
         assert_eq!(home_in_passwd(passwd, 7), None);
         assert_eq!(home_in_passwd(passwd, 1000), None);
-    }
-
-    #[test]
-    fn namespaces_join_user_first_and_mount_last() {
-        assert_eq!(NAMESPACES[0].0, "user");
-        assert_eq!(NAMESPACES[NAMESPACES.len() - 1].0, "mnt");
     }
 }

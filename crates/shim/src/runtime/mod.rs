@@ -16,7 +16,7 @@ use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use crate::protocol::RuntimeConfig;
+use crust_shim_protocol::RuntimeConfig;
 
 /// An error from the OCI runtime, with its own message.
 #[derive(Debug, thiserror::Error)]

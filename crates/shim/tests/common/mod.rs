@@ -1,6 +1,7 @@
 //! Test fixture: a busybox rootfs, a hand-written OCI config, a state dir,
 //! and a guard that removes every process, runtime state and cgroup a test
-//! created, even when the test fails.
+//! created, even when the test fails. The monitor is driven through the
+//! daemon's client (`crust_shim_protocol::Shim`, on tokio).
 
 #![allow(dead_code)]
 
@@ -11,8 +12,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crust_shim::protocol::{CONTAINER_PID_FILE, SHIM_PID_FILE};
-use crust_shim::{RuntimeConfig, Shim, ShimConfig, SpawnOptions};
+use crust_shim_protocol::{
+    AttachEvent, AttachReader, AttachWriter, CONTAINER_PID_FILE, RuntimeConfig, SHIM_PID_FILE,
+    Shim, ShimConfig, SpawnOptions,
+};
 use serde_json::{Value, json};
 
 pub const RUNC: &str = "/usr/sbin/runc";
@@ -26,27 +29,24 @@ pub enum Rt {
     Crun,
 }
 
-/// Root, busybox and the runtime binary are needed; otherwise the test is
-/// skipped (with a message).
-pub fn can_run(rt: Rt) -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root");
-        return false;
-    }
-    if !Path::new(BUSYBOX).exists() {
-        eprintln!("skipped: needs {BUSYBOX}");
-        return false;
-    }
+/// Root, busybox and the runtime binary are needed (`make test` installs
+/// them and CI runs as root): without them the test fails, saying what is
+/// missing, rather than passing without having run.
+pub fn require(rt: Rt) {
+    assert!(
+        crust_linux::fs::running_as_root(),
+        "this test needs root (it runs containers)"
+    );
+    assert!(
+        Path::new(BUSYBOX).exists(),
+        "this test needs {BUSYBOX} (Debian's busybox-static)"
+    );
     let bin = match rt {
-        Rt::Embedded => return true,
+        Rt::Embedded => return,
         Rt::Runc => RUNC,
         Rt::Crun => CRUN,
     };
-    if !Path::new(bin).exists() {
-        eprintln!("skipped: needs {bin}");
-        return false;
-    }
-    true
+    assert!(Path::new(bin).exists(), "this test needs {bin}");
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -145,13 +145,14 @@ impl Fixture {
         fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
     }
 
-    pub fn spawn_with(&mut self, cfg: ShimConfig) -> crust_shim::client::Result<Shim> {
-        let r = Shim::spawn(&SpawnOptions {
+    pub async fn spawn_with(&mut self, cfg: ShimConfig) -> crust_shim_protocol::Result<Shim> {
+        let r = Shim::spawn(SpawnOptions {
             shim_binary: PathBuf::from(env!("CARGO_BIN_EXE_crust-shim")),
             state_dir: self.state_dir.clone(),
             config: cfg,
             timeout: Duration::from_secs(60),
-        });
+        })
+        .await;
         if let Ok(s) = &r {
             self.shim = Some(s.clone());
         }
@@ -159,9 +160,9 @@ impl Fixture {
     }
 
     /// Spawns the monitor (container created, not started).
-    pub fn spawn(&mut self, tty: bool, stdin: bool, stdin_once: bool) -> Shim {
+    pub async fn spawn(&mut self, tty: bool, stdin: bool, stdin_once: bool) -> Shim {
         let cfg = self.config(tty, stdin, stdin_once);
-        self.spawn_with(cfg).expect("spawn")
+        self.spawn_with(cfg).await.expect("spawn")
     }
 
     pub fn log(&self) -> String {
@@ -169,7 +170,7 @@ impl Fixture {
     }
 
     /// Waits until the log holds `needle`.
-    pub fn wait_log(&self, needle: &str, timeout: Duration) -> String {
+    pub async fn wait_log(&self, needle: &str, timeout: Duration) -> String {
         let t = Instant::now();
         loop {
             let l = self.log();
@@ -179,7 +180,7 @@ impl Fixture {
             if t.elapsed() > timeout {
                 panic!("log never got {needle:?}; log:\n{l}");
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -208,7 +209,6 @@ fn read_pid(p: &Path) -> Option<i32> {
 
 pub fn alive(pid: i32) -> bool {
     pid > 0
-        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
         && !fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| {
                 s.rsplit(')')
@@ -220,10 +220,13 @@ pub fn alive(pid: i32) -> bool {
             .unwrap_or(true)
 }
 
+/// SIGKILL, ignoring errors (the process may be gone).
+fn kill9(pid: i32) {
+    let _ = crust_linux::process::send_signal(pid, 9);
+}
+
 impl Drop for Fixture {
     fn drop(&mut self) {
-        use nix::sys::signal::{Signal, kill};
-        use nix::unistd::Pid;
         // The container's init (and exec processes), then the monitors.
         let mut pids = Vec::new();
         if let Some(p) = read_pid(&self.state_dir.join(CONTAINER_PID_FILE)) {
@@ -237,14 +240,14 @@ impl Drop for Fixture {
         }
         for p in &pids {
             if *p > 1 {
-                let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+                kill9(*p);
             }
         }
         // Cgroup processes that might be left (runtime leftovers).
         for d in self.cgroup_dirs() {
             if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
                 for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                    let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                    kill9(p);
                 }
             }
         }
@@ -255,13 +258,13 @@ impl Drop for Fixture {
         if let Some(sp) = shim_pid {
             let t = Instant::now();
             while alive(sp)
-                && crust_shim::client::is_shim_of(sp, &self.state_dir)
+                && crust_shim_protocol::is_shim_of(sp, &self.state_dir)
                 && t.elapsed() < Duration::from_secs(3)
             {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            if crust_shim::client::is_shim_of(sp, &self.state_dir) {
-                let _ = kill(Pid::from_raw(sp), Signal::SIGKILL);
+            if crust_shim_protocol::is_shim_of(sp, &self.state_dir) {
+                kill9(sp);
             }
         }
         match self.rt {
@@ -351,15 +354,77 @@ pub fn spec(args: &[&str], tty: bool, cgroup: &str) -> Value {
 }
 
 /// Polls `f` until it is true or `timeout` passes.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t = Instant::now();
     while t.elapsed() < timeout {
         if f() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     f()
+}
+
+pub async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+/// Both halves of an attach connection, used as one.
+pub struct Attach {
+    pub r: AttachReader,
+    pub w: AttachWriter,
+}
+
+impl Attach {
+    pub async fn to(shim: &Shim) -> crust_shim_protocol::Result<Attach> {
+        let (r, w) = shim.attach().await?;
+        Ok(Attach { r, w })
+    }
+
+    pub async fn next_event(&mut self) -> std::io::Result<Option<AttachEvent>> {
+        self.r.next_event().await
+    }
+
+    pub async fn write_stdin(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.w.write_stdin(data).await
+    }
+
+    pub async fn declare_stdin(&mut self) -> std::io::Result<()> {
+        self.w.declare_stdin().await
+    }
+
+    pub async fn close_stdin(&mut self) -> std::io::Result<()> {
+        self.w.close_stdin().await
+    }
+
+    pub async fn resize(&mut self, width: u16, height: u16) -> std::io::Result<()> {
+        self.w.resize(width, height).await
+    }
+
+    /// Stdout until it holds `want`; anything else is a failure.
+    pub async fn read_until(&mut self, want: &str) -> Vec<u8> {
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains(want) {
+            match self.next_event().await.unwrap() {
+                Some(AttachEvent::Stdout(d)) => got.extend_from_slice(&d),
+                other => panic!("unexpected {other:?} before {want:?}"),
+            }
+        }
+        got
+    }
+
+    /// Events until the exit (stdout collected); the exit record.
+    pub async fn until_exit(&mut self) -> (Vec<u8>, crust_shim_protocol::ExitInfo) {
+        let mut out = Vec::new();
+        loop {
+            match self.next_event().await.unwrap() {
+                Some(AttachEvent::Stdout(d)) => out.extend_from_slice(&d),
+                Some(AttachEvent::Stderr(d)) => panic!("unexpected stderr {d:?}"),
+                Some(AttachEvent::Exit(e)) => return (out, e),
+                None => panic!("attach closed before the exit"),
+            }
+        }
+    }
 }
 
 /// Rss and Pss (KiB) and the private parts from /proc/PID/smaps_rollup.
@@ -391,4 +456,34 @@ pub fn mem(pid: i32) -> Mem {
         }
     }
     m
+}
+
+/// A started exec session: its process and its own monitor.
+pub struct Session {
+    pub pid: i32,
+    pub shim: Shim,
+}
+
+pub async fn session(
+    shim: &Shim,
+    req: crust_shim_protocol::ExecRequest,
+) -> crust_shim_protocol::Result<Session> {
+    let (started, shim) = shim.exec(&req).await?;
+    Ok(Session {
+        pid: started.pid,
+        shim,
+    })
+}
+
+/// (parent pid, session id) of `pid`, from /proc/PID/stat (proc(5)).
+pub fn ppid_and_session(pid: &str) -> (i32, i32) {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // After the command: state, ppid, pgrp, session.
+    (fields[1].parse().unwrap(), fields[3].parse().unwrap())
 }

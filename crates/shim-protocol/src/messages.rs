@@ -1,6 +1,6 @@
 //! Everything the daemon and the monitor agree on: the files in a state
 //! directory, the start-up handshake, the control protocol and the attach
-//! framing.
+//! framing (encoded by [`crate::frame`]).
 //!
 //! # State directory (one per container, one per exec session)
 //!
@@ -22,7 +22,8 @@
 //! # Start-up handshake
 //!
 //! The client writes `shim.json`, runs `crust-shim container <state_dir>` with
-//! a clean environment and a pipe as its stdout. The monitor answers with one
+//! a clean environment ([`DEFAULT_PATH`] and [`NOFILE_ENV`] only) and a
+//! pipe as its stdout. The monitor answers with one
 //! line of JSON on that pipe, a [`StartupResult`], once the container is
 //! created (or creation failed), then closes the pipe.
 //!
@@ -66,6 +67,14 @@ pub const EXIT_FILE: &str = "exit.json";
 pub const RUNTIME_LOG: &str = "runtime.log";
 pub const SHIM_LOG: &str = "shim.log";
 pub const EXEC_DIR: &str = "exec";
+
+/// The PATH a monitor runs with, and gives the OCI runtime (hooks may need
+/// one).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The variable that gives a monitor the soft RLIMIT_NOFILE to run with
+/// (and to pass on to the container).
+pub const NOFILE_ENV: &str = "CRUST_SHIM_NOFILE";
 
 /// Attach stream ids (see the module docs).
 pub const STREAM_STDIN: u8 = 0;

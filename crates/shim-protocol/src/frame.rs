@@ -1,9 +1,9 @@
 //! Wire encoding shared by the monitor and the client: length-prefixed
-//! control messages and attach frames (see [`crate::protocol`]).
+//! control messages and attach frames (see [`crate::messages`]).
 
 use std::io::{self, Read, Write};
 
-use crate::protocol::{MAX_FRAME, MAX_MESSAGE};
+use crate::messages::{MAX_FRAME, MAX_MESSAGE};
 
 /// Appends one attach frame to `out`.
 pub fn encode_frame(out: &mut Vec<u8>, stream: u8, payload: &[u8]) {
