@@ -3,6 +3,8 @@
 #   make run    installs what the daemon needs, builds release, runs it in the
 #               foreground with the default config (/etc/crust/config.toml)
 #   make test   installs what the tests need and runs the whole suite
+#   make install  builds release, installs crust and crust-shim, the systemd
+#               unit and (if absent) /etc/crust/config.toml (PREFIX, DESTDIR)
 #   make bench  builds release and benchmarks a freshly started crust
 #               (hack/bench.sh; extra crust-bench flags in BENCH_ARGS)
 #   make bench-vs-containerd
@@ -18,11 +20,15 @@ RUN_ARGS ?=
 # Debian packages: what the daemon uses at run time, and what tests add.
 RUN_PACKAGES := runc crun containernetworking-plugins iptables iproute2 libseccomp2
 BUILD_PACKAGES := build-essential pkg-config libseccomp-dev
-TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
+TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static python3-venv
+# PyPI packages of the tests' independent peers (a grpc-core client, the
+# Prometheus project's own text parser), in a venv under target/.
+TEST_VENV := target/test-venv
+TEST_PY_PACKAGES := grpcio grpcio-tools prometheus-client
 BENCH_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
 BENCH_ARGS ?=
 
-.PHONY: run build release test bench bench-vs-containerd deps-run deps-test deps-bench fmt lint critest clean
+.PHONY: install run build release test bench bench-vs-containerd deps-run deps-test deps-bench fmt lint critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -53,9 +59,36 @@ deps-build:
 
 deps-test:
 	@hack/apt-install.sh $(TEST_PACKAGES)
+	@test -x $(TEST_VENV)/bin/python3 || /usr/bin/python3 -m venv $(TEST_VENV)
+	@$(TEST_VENV)/bin/python3 -c 'import grpc, grpc_tools, prometheus_client' 2>/dev/null || \
+		$(TEST_VENV)/bin/pip install -q --disable-pip-version-check $(TEST_PY_PACKAGES)
 
 deps-bench:
 	@hack/apt-install.sh $(BENCH_PACKAGES)
+
+# Installs what `make release` built. The config is written only if there
+# is none; the unit is not enabled or started (systemctl enable --now crust).
+PREFIX ?= /usr/local
+DESTDIR ?=
+install: release
+	install -D -m 0755 target/release/crust $(DESTDIR)$(PREFIX)/bin/crust
+	install -D -m 0755 target/release/crust-shim $(DESTDIR)$(PREFIX)/bin/crust-shim
+	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/crust/README.md
+	sed 's|/usr/local/bin/crust |$(PREFIX)/bin/crust |' contrib/systemd/crust.service > crust.service.tmp
+	install -D -m 0644 crust.service.tmp $(DESTDIR)/etc/systemd/system/crust.service
+	rm -f crust.service.tmp
+	@if [ -e $(DESTDIR)/etc/crust/config.toml ]; then \
+		echo "kept the existing $(DESTDIR)/etc/crust/config.toml"; \
+	else \
+		install -d -m 0755 $(DESTDIR)/etc/crust; \
+		target/release/crust config default > $(DESTDIR)/etc/crust/config.toml; \
+		echo "wrote the default $(DESTDIR)/etc/crust/config.toml"; \
+	fi
+	@echo
+	@echo "next: systemctl daemon-reload && systemctl enable --now crust"
+	@echo "crictl: put this in /etc/crictl.yaml:"
+	@echo "  runtime-endpoint: unix:///run/crust/crust.sock"
+	@echo "  image-endpoint: unix:///run/crust/crust.sock"
 
 fmt:
 	$(CARGO) fmt --all

@@ -328,7 +328,8 @@ impl Unpacker<'_> {
                 Err(Errno::ENOENT) if create => {
                     fd.create_dir(c, 0o755)
                         .ctx(|| format!("creating {}", quote(&here())))?;
-                    fd.open_dir(c).ctx(|| format!("opening {}", quote(&here())))?
+                    fd.open_dir(c)
+                        .ctx(|| format!("opening {}", quote(&here())))?
                 }
                 Err(Errno::ELOOP | Errno::ENOTDIR) => {
                     let what = match fd.kind(c) {
