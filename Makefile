@@ -28,7 +28,7 @@ TEST_PY_PACKAGES := grpcio grpcio-tools prometheus-client
 BENCH_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
 BENCH_ARGS ?=
 
-.PHONY: install run build release test bench bench-vs-containerd deps-run deps-test deps-bench fmt lint critest clean
+.PHONY: install install-files run build release test bench bench-vs-containerd deps-run deps-test deps-bench fmt lint critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -68,20 +68,28 @@ deps-bench:
 
 # Installs what `make release` built. The config is written only if there
 # is none; the unit is not enabled or started (systemctl enable --now crust).
+# install-files installs the binaries in BIN_DIR without building them (the
+# systemd unit test installs the binaries under test into a DESTDIR).
 PREFIX ?= /usr/local
 DESTDIR ?=
+BIN_DIR ?= target/release
 install: release
-	install -D -m 0755 target/release/crust $(DESTDIR)$(PREFIX)/bin/crust
-	install -D -m 0755 target/release/crust-shim $(DESTDIR)$(PREFIX)/bin/crust-shim
+	@$(MAKE) --no-print-directory install-files BIN_DIR=target/release
+
+install-files:
+	install -D -m 0755 $(BIN_DIR)/crust $(DESTDIR)$(PREFIX)/bin/crust
+	install -D -m 0755 $(BIN_DIR)/crust-shim $(DESTDIR)$(PREFIX)/bin/crust-shim
 	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/crust/README.md
-	sed 's|/usr/local/bin/crust |$(PREFIX)/bin/crust |' contrib/systemd/crust.service > crust.service.tmp
-	install -D -m 0644 crust.service.tmp $(DESTDIR)/etc/systemd/system/crust.service
-	rm -f crust.service.tmp
+	install -d -m 0755 $(DESTDIR)/etc/systemd/system
+	sed -e 's|/usr/local/bin/crust |$(PREFIX)/bin/crust |' \
+		-e 's|/usr/local/share/doc/crust/|$(PREFIX)/share/doc/crust/|' \
+		contrib/systemd/crust.service > $(DESTDIR)/etc/systemd/system/crust.service
+	chmod 0644 $(DESTDIR)/etc/systemd/system/crust.service
 	@if [ -e $(DESTDIR)/etc/crust/config.toml ]; then \
 		echo "kept the existing $(DESTDIR)/etc/crust/config.toml"; \
 	else \
 		install -d -m 0755 $(DESTDIR)/etc/crust; \
-		target/release/crust config default > $(DESTDIR)/etc/crust/config.toml; \
+		$(BIN_DIR)/crust config default > $(DESTDIR)/etc/crust/config.toml; \
 		echo "wrote the default $(DESTDIR)/etc/crust/config.toml"; \
 	fi
 	@echo

@@ -1,24 +1,75 @@
-//! contrib/systemd/crust.service under a real systemd (the VM test bed,
-//! hack/vm: cgroup v2, systemd as PID 1): it starts (Type=notify: `systemctl
-//! start` returns once crust is ready), `systemctl restart` keeps a running
-//! container running (KillMode=process) and the new daemon recovers it, and
-//! `systemctl stop` stops the daemon cleanly.
+//! `make install` and contrib/systemd/crust.service under a real systemd
+//! (the cgroup v2 + systemd VM of hack/vm): what `make install-files` puts
+//! in a DESTDIR (binaries, unit, default config) runs as a unit; `systemctl
+//! start` returns once the daemon said READY=1 (its socket and /healthz
+//! serve at once); `systemctl restart` keeps a running container running
+//! (KillMode=process) and the new daemon has recovered it when the restart
+//! returns; `systemctl stop` ends the daemon cleanly and leaves the
+//! container alone.
 //!
-//! The unit under test is the shipped file with only its ExecStart pointed
-//! at the binary under test and a config of the test's own, installed as a
-//! transient unit in /run/systemd/system (the VM's / is the host's,
-//! read-only). Where systemd is not the init system the test is reported as
-//! skipped (a `SKIPPED:` line the test summary counts).
+//! The unit is the installed file with only its ExecStart pointed at the
+//! installed binary and config plus the test's own paths (flags), loaded as
+//! `crust-unit-test.service` from /run/systemd/system: the host's real
+//! crust.service, /usr/local and /etc are never touched. Everything (pods,
+//! unit, mounts, files) goes in Drop, also when the test fails.
+//!
+//! A host without systemd as PID 1 (or not root) reports the test as
+//! ignored with a "SKIPPED: <test>: <reason>" line, never as passed.
+//!
+//!   flock /tmp/crust-integration.lock unshare -p -f --mount-proc \
+//!     cargo test -p crust-tests --test systemd_unit
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use crust_tests::crust_api::v1;
 use crust_tests::registry::*;
-use crust_tests::{connect, crust_bin, process_alive};
+use crust_tests::{connect, crust_bin, mounts_under, process_alive};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 const UNIT: &str = "crust-unit-test.service";
+const TEST: &str = "make_install_then_the_unit_starts_restarts_with_containers_running_and_stops";
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let tests = vec![Trial::ignorable_test(TEST, || {
+        if let Some(reason) = missing() {
+            // One write, so the line stays whole beside other output (make
+            // test's summaries count these lines).
+            let line = format!("SKIPPED: {TEST}: {reason}\n");
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            return Ok(Completion::ignored_with(reason));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Failed::from(format!("tokio: {e}")))?;
+        rt.block_on(the_unit_starts_restarts_and_stops());
+        Ok(Completion::Completed)
+    })];
+    libtest_mimic::run(&args, tests).exit_code()
+}
+
+/// What this host lacks for the test, if anything.
+fn missing() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root".into());
+    }
+    // sd_booted(3): systemd is the init system iff this directory exists.
+    if !Path::new("/run/systemd/system").is_dir() {
+        return Some("needs systemd as PID 1 (the VM test bed, hack/vm)".into());
+    }
+    None
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
 
 fn systemctl(args: &[&str]) -> (bool, String) {
     let out = Command::new("systemctl")
@@ -40,13 +91,65 @@ fn show(property: &str) -> String {
     out.trim().to_string()
 }
 
-/// Stops and removes the test unit, and everything its daemon left, even
-/// when the test fails.
+fn journal() -> String {
+    let out = Command::new("journalctl")
+        .args(["-u", UNIT, "--no-pager", "-n", "60", "-o", "cat"])
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => format!("(journalctl: {e})"),
+    }
+}
+
+/// `systemctl <verb> UNIT`, or panic with its output and the unit's log.
+fn must(verb: &str) {
+    let (ok, out) = systemctl(&[verb, UNIT]);
+    assert!(
+        ok,
+        "systemctl {verb} {UNIT}: {out}\n--- journal:\n{}",
+        journal()
+    );
+}
+
+/// The installed `crust` (from DESTDIR) against the unit's socket.
+fn installed_crust(bin: &Path, socket: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin)
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .expect("run the installed crust");
+    assert!(
+        out.status.success(),
+        "crust {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// GET http://<metrics address>/healthz, by the address `crust status`
+/// shows: the status code.
+async fn healthz(bin: &Path, socket: &Path) -> u16 {
+    let status = installed_crust(bin, socket, &["status"]);
+    let addr = status
+        .lines()
+        .find_map(|l| l.strip_prefix("metrics:"))
+        .unwrap_or_else(|| panic!("no metrics line in `crust status`:\n{status}"))
+        .trim()
+        .to_string();
+    reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .unwrap_or_else(|e| panic!("GET /healthz: {e}"))
+        .status()
+        .as_u16()
+}
+
+/// The unit file, the pods and the daemon's leftovers go, even when the
+/// test fails.
 struct Installed {
     unit_path: PathBuf,
     dir: tempfile::TempDir,
     socket: PathBuf,
-    config: PathBuf,
 }
 
 impl Drop for Installed {
@@ -90,38 +193,30 @@ impl Drop for Installed {
         let _ = systemctl(&["reset-failed", UNIT]);
         let _ = std::fs::remove_file(&self.unit_path);
         let _ = systemctl(&["daemon-reload"]);
-        for m in crust_tests::mounts_under(self.dir.path()).into_iter().rev() {
+        for m in mounts_under(self.dir.path()).into_iter().rev() {
             let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
         }
-        let _ = &self.config;
     }
 }
 
-/// The shipped unit, pointed at the binary under test and `config`.
-fn unit_text(config: &Path) -> String {
-    let shipped = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../contrib/systemd/crust.service"),
-    )
-    .expect("contrib/systemd/crust.service");
-    let exec = format!(
-        "ExecStart={} daemon --config {}",
-        crust_bin().display(),
-        config.display()
-    );
-    let mut replaced = false;
-    let text: Vec<String> = shipped
+/// The installed unit with its ExecStart pointed at the installed binary
+/// and config, plus the test's own state paths; every other line as
+/// installed.
+fn unit_for_test(installed: &str, exec_start: &str) -> String {
+    let mut replaced = 0;
+    let lines: Vec<&str> = installed
         .lines()
         .map(|l| {
             if l.starts_with("ExecStart=") {
-                replaced = true;
-                exec.clone()
+                replaced += 1;
+                exec_start
             } else {
-                l.to_string()
+                l
             }
         })
         .collect();
-    assert!(replaced, "the shipped unit has no ExecStart");
-    text.join("\n") + "\n"
+    assert_eq!(replaced, 1, "the installed unit has one ExecStart");
+    lines.join("\n") + "\n"
 }
 
 async fn wait_for<F: Fn() -> bool>(what: &str, f: F) {
@@ -132,53 +227,100 @@ async fn wait_for<F: Fn() -> bool>(what: &str, f: F) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_unit_starts_restarts_with_containers_running_and_stops() {
-    if !Path::new("/run/systemd/system").is_dir() {
-        // Straight to stderr, past libtest's capture, as the harness's
-        // counted skips are reported.
-        use std::io::Write;
-        let _ = std::io::stderr().lock().write_all(
-            b"SKIPPED: the_unit_starts_restarts_with_containers_running_and_stops: \
-              needs systemd as the init system\n",
-        );
-        return;
-    }
-    // The VM has a /tmp of its own, which its systemd and this test share.
+fn test_image() -> TestImage {
+    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
+    let tar = LayerTar::new()
+        .dir("bin/")
+        .file_mode("bin/busybox", &busybox, 0o755)
+        .symlink("bin/sleep", "busybox")
+        // The image's WorkingDir.
+        .dir("tmp/")
+        .finish();
+    build(ImageSpec {
+        layers: vec![gzip(&tar)],
+        cmd: &["sleep", "1000"],
+        ..ImageSpec::default()
+    })
+}
+
+async fn the_unit_starts_restarts_and_stops() {
     let dir = tempfile::Builder::new()
         .prefix("crust-unit-")
         .tempdir_in(std::env::temp_dir())
         .unwrap();
-    let socket = dir.path().join("crust.sock");
-    let config = dir.path().join("config.toml");
-    let driver = std::env::var("CRUST_TEST_CGROUP_DRIVER").unwrap_or_else(|_| "cgroupfs".into());
-    std::fs::create_dir_all(dir.path().join("cni")).unwrap();
-    std::fs::write(
-        &config,
-        format!(
-            "socket = \"{}\"\nroot = \"{}\"\nrun_dir = \"{}\"\ncgroup_driver = \"{driver}\"\n\
-             [network]\ncni_conf_dir = \"{}\"\n",
-            socket.display(),
-            dir.path().join("root").display(),
-            dir.path().join("run").display(),
-            dir.path().join("cni").display(),
-        ),
-    )
-    .unwrap();
+    let dest = dir.path().join("dest");
+    let state = dir.path().join("state");
+    let socket = state.join("crust.sock");
+    std::fs::create_dir_all(state.join("cni")).unwrap();
+
+    // make install, minus the release build: the binaries under test.
+    let bin_dir = crust_bin().parent().unwrap().to_path_buf();
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(repo())
+        .arg("--no-print-directory")
+        .arg("install-files")
+        .arg(format!("DESTDIR={}", dest.display()))
+        .arg(format!("BIN_DIR={}", bin_dir.display()))
+        .output()
+        .expect("run make (build-essential)");
+    assert!(
+        out.status.success(),
+        "make install-files: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crust = dest.join("usr/local/bin/crust");
+    for bin in [&crust, &dest.join("usr/local/bin/crust-shim")] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(bin)
+            .unwrap_or_else(|e| panic!("{} not installed: {e}", bin.display()))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755, "{}", bin.display());
+    }
+    let config = dest.join("etc/crust/config.toml");
+    let default_config = Command::new(&crust)
+        .args(["config", "default"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&config).expect("the default config is installed"),
+        String::from_utf8_lossy(&default_config.stdout)
+    );
+    let installed_unit = std::fs::read_to_string(dest.join("etc/systemd/system/crust.service"))
+        .expect("the unit is installed");
+    assert!(
+        installed_unit
+            .contains("\nExecStart=/usr/local/bin/crust daemon --config /etc/crust/config.toml\n"),
+        "{installed_unit}"
+    );
+
+    // The installed daemon with the installed config; only where its state
+    // lives is the test's (the defaults are the host's real /run/crust ...).
+    let exec_start = format!(
+        "ExecStart={} daemon --config {} --socket {} --root {} --run-dir {} \
+         --cni-conf-dir {} --metrics-address 127.0.0.1:0",
+        crust.display(),
+        config.display(),
+        socket.display(),
+        state.join("root").display(),
+        state.join("run").display(),
+        state.join("cni").display(),
+    );
     let unit_path = PathBuf::from("/run/systemd/system").join(UNIT);
-    std::fs::write(&unit_path, unit_text(&config)).unwrap();
+    std::fs::write(&unit_path, unit_for_test(&installed_unit, &exec_start)).unwrap();
     let _installed = Installed {
         unit_path,
         dir,
         socket: socket.clone(),
-        config,
     };
     let (ok, out) = systemctl(&["daemon-reload"]);
     assert!(ok, "{out}");
 
-    // Type=notify: start returns once the daemon said READY=1.
-    let (ok, out) = systemctl(&["start", UNIT]);
-    assert!(ok, "systemctl start: {out}");
+    // Type=notify: start returns once the daemon said READY=1, so the
+    // socket and /healthz serve right away, without retries.
+    must("start");
     assert_eq!(show("ActiveState"), "active");
     assert_eq!(show("Type"), "notify");
     let first_pid: i32 = show("MainPID").parse().unwrap();
@@ -186,23 +328,15 @@ async fn the_unit_starts_restarts_with_containers_running_and_stops() {
     let mut rt = v1::runtime_service_client::RuntimeServiceClient::new(
         connect(&socket)
             .await
-            .expect("the socket serves once started"),
+            .expect("the socket serves once start returned"),
     );
+    assert_eq!(healthz(&crust, &socket).await, 200);
 
     // A running container.
     let reg = Registry::start();
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755)
-        .symlink("bin/sleep", "busybox")
-        .finish();
-    let image = build(ImageSpec {
-        layers: vec![gzip(&tar)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    });
-    Pusher::new(&reg).image("test/unit", "v1", &image).await;
+    Pusher::new(&reg)
+        .image("test/unit", "v1", &test_image())
+        .await;
     let image_ref = format!("{}/test/unit:v1", reg.host);
     v1::image_service_client::ImageServiceClient::new(connect(&socket).await.unwrap())
         .pull_image(v1::PullImageRequest {
@@ -213,7 +347,7 @@ async fn the_unit_starts_restarts_with_containers_running_and_stops() {
             ..Default::default()
         })
         .await
-        .expect("pull");
+        .expect("PullImage");
     let pod_config = v1::PodSandboxConfig {
         metadata: Some(v1::PodSandboxMetadata {
             name: "unit".into(),
@@ -281,42 +415,45 @@ async fn the_unit_starts_restarts_with_containers_running_and_stops() {
     assert!(process_alive(ctr_pid));
     drop(rt);
 
-    // Restart: a new daemon, the same container, still running.
-    let (ok, out) = systemctl(&["restart", UNIT]);
-    assert!(ok, "systemctl restart: {out}");
+    // Restart: a new daemon, the same container still running, and
+    // recovered by the time restart returns (READY=1 after recovery).
+    must("restart");
     assert_eq!(show("ActiveState"), "active");
     let second_pid: i32 = show("MainPID").parse().unwrap();
     assert_ne!(second_pid, first_pid);
-    assert!(!process_alive(first_pid));
+    assert!(!process_alive(first_pid), "the first daemon is still there");
     assert!(
         process_alive(ctr_pid),
         "the container died with the restart"
     );
-    let mut rt =
-        v1::runtime_service_client::RuntimeServiceClient::new(connect(&socket).await.unwrap());
+    let mut rt = v1::runtime_service_client::RuntimeServiceClient::new(
+        connect(&socket)
+            .await
+            .expect("the socket serves once restart returned"),
+    );
     let s = rt
         .container_status(v1::ContainerStatusRequest {
             container_id: ctr.clone(),
             verbose: false,
         })
         .await
-        .unwrap()
+        .expect("ContainerStatus after the restart")
         .into_inner()
         .status
         .unwrap();
     assert_eq!(s.state, v1::ContainerState::ContainerRunning as i32);
+    assert_eq!(healthz(&crust, &socket).await, 200);
     drop(rt);
 
     // Stop: the daemon exits cleanly (SIGTERM, exit 0, socket removed);
     // the container is left running, as on a restart.
-    let (ok, out) = systemctl(&["stop", UNIT]);
-    assert!(ok, "systemctl stop: {out}");
+    must("stop");
     wait_for("the unit to be inactive", || {
         show("ActiveState") == "inactive"
     })
     .await;
-    assert_eq!(show("Result"), "success");
-    assert!(!process_alive(second_pid));
+    assert_eq!(show("Result"), "success", "{}", journal());
+    assert!(!process_alive(second_pid), "the daemon outlived stop");
     assert!(!socket.exists(), "the socket was left behind");
     assert!(
         process_alive(ctr_pid),
