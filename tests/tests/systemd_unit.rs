@@ -30,6 +30,8 @@ use crust_tests::{connect, crust_bin, mounts_under, process_alive};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 const UNIT: &str = "crust-unit-test.service";
+/// The cgroup driver of the run, as the VM test bed sets it per pass.
+const CGROUP_DRIVER_ENV: &str = "CRUST_TEST_CGROUP_DRIVER";
 const TEST: &str = "make_install_then_the_unit_starts_restarts_with_containers_running_and_stops";
 
 fn main() -> ExitCode {
@@ -297,8 +299,10 @@ async fn the_unit_starts_restarts_and_stops() {
     );
 
     // The installed daemon with the installed config; only where its state
-    // lives is the test's (the defaults are the host's real /run/crust ...).
-    let exec_start = format!(
+    // lives is the test's (the defaults are the host's real /run/crust ...),
+    // and the cgroup driver of the run (the VM test bed runs once with
+    // each; unset: the installed config's).
+    let mut exec_start = format!(
         "ExecStart={} daemon --config {} --socket {} --root {} --run-dir {} \
          --cni-conf-dir {} --metrics-address 127.0.0.1:0",
         crust.display(),
@@ -308,6 +312,13 @@ async fn the_unit_starts_restarts_and_stops() {
         state.join("run").display(),
         state.join("cni").display(),
     );
+    match std::env::var(CGROUP_DRIVER_ENV).as_deref() {
+        Ok(driver @ ("cgroupfs" | "systemd")) => {
+            exec_start.push_str(&format!(" --cgroup-driver {driver}"))
+        }
+        Ok("") | Err(_) => {}
+        Ok(other) => panic!("{CGROUP_DRIVER_ENV}={other:?}: expected cgroupfs or systemd"),
+    }
     let unit_path = PathBuf::from("/run/systemd/system").join(UNIT);
     std::fs::write(&unit_path, unit_for_test(&installed_unit, &exec_start)).unwrap();
     let _installed = Installed {
