@@ -10,6 +10,10 @@
 #   make bench-vs-containerd
 #               the same, side by side with a freshly started containerd
 #               (Debian's, installed if missing; hack/bench-vs-containerd.sh)
+#   make bench-metrics
+#               what the metrics endpoint costs: crust with and without it
+#               side by side, and /metrics scraped with 100 pods running
+#               (hack/bench-metrics.sh)
 #
 # All are meant for a fresh Debian 12 machine, as root.
 
@@ -28,7 +32,7 @@ TEST_PY_PACKAGES := grpcio grpcio-tools prometheus-client
 BENCH_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
 BENCH_ARGS ?=
 
-.PHONY: install install-files run build release test bench bench-vs-containerd deps-run deps-test deps-bench fmt lint critest clean
+.PHONY: install install-files run build release test bench bench-vs-containerd bench-metrics deps-run deps-test deps-bench fmt lint critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -50,6 +54,10 @@ bench: deps-bench
 bench-vs-containerd: deps-bench
 	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
 	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-vs-containerd.sh
+
+bench-metrics: deps-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-metrics.sh
 
 deps-run:
 	@hack/apt-install.sh $(RUN_PACKAGES) $(BUILD_PACKAGES)

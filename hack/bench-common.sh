@@ -1,4 +1,4 @@
-# Shared by hack/bench.sh and hack/bench-vs-containerd.sh (sourced, not run).
+# Shared by hack/bench.sh, hack/bench-vs-containerd.sh and hack/bench-metrics.sh (sourced, not run).
 #
 # Everything lives under $work (a fresh temp dir); what is started is
 # recorded by PID and stopped by PID; network state is named after this run.
@@ -133,12 +133,12 @@ write_cni_config() {
 EOF
 }
 
-# A fresh crust daemon on $work/crust.sock.
+# A fresh crust daemon on $work/crust.sock; extra daemon flags in "$@".
 start_crust() {
 	: >"$work/crust.toml"
 	"$BIN/crust" daemon --config "$work/crust.toml" --socket "$work/crust.sock" \
 		--root "$work/root" --run-dir "$work/run" --cni-conf-dir "$work/cni" \
-		--log-level warn >/dev/null 2>"$work/daemon.log" &
+		--log-level warn "$@" >/dev/null 2>"$work/daemon.log" &
 	daemon_pid=$!
 	wait_for "crust daemon" "[[ -S $work/crust.sock ]]"
 }
