@@ -26,7 +26,10 @@ start_registry
 write_cni_config
 metrics_port=$(free_port)
 start_crust --metrics-address "127.0.0.1:$metrics_port"
-"$BIN/crust" daemon --config "$work/crust.toml" --socket "$work/off.sock" \
+# B: the same config, but its own NRI socket and plugin dirs.
+cp -r "$work/nri" "$work/off-nri"
+sed "s|$work/nri/|$work/off-nri/|" "$work/crust.toml" >"$work/off.toml"
+"$BIN/crust" daemon --config "$work/off.toml" --socket "$work/off.sock" \
 	--root "$work/off-root" --run-dir "$work/off-run" --cni-conf-dir "$work/cni" \
 	--log-level warn >/dev/null 2>"$work/daemon-off.log" &
 off_pid=$!

@@ -30,17 +30,23 @@
 //! images.rs            what containers need of the image store (leases)
 //! index.rs             ID / unique-prefix index with name reservation
 //! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
+//! cgroups.rs           the node's cgroups (crust-cgroups): pod cgroups and
+//!                      slices, container cgroups and scopes, unified keys
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
+//! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
+//! quote.rs             bounded quoting of client input in messages
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
 
 mod api_version;
 mod authority;
+mod cgroups;
 mod cli;
 mod clock;
 mod config;
 mod containers;
+mod crash;
 mod daemon;
 mod events;
 mod handlers;
@@ -56,6 +62,7 @@ mod metrics;
 mod monitor;
 mod node;
 mod pods;
+mod quote;
 mod server;
 mod services;
 mod stats;
@@ -146,6 +153,9 @@ struct DaemonArgs {
     /// Serve /metrics and /healthz over HTTP on this IP:PORT.
     #[arg(long, value_name = "IP:PORT")]
     metrics_address: Option<String>,
+    /// The socket NRI plugins connect to (`nri.socket_path`).
+    #[arg(long, value_name = "PATH")]
+    nri_socket: Option<PathBuf>,
 }
 
 impl DaemonArgs {
@@ -174,6 +184,7 @@ impl DaemonArgs {
         if let Some(a) = self.metrics_address {
             c.metrics.address = Some(a);
         }
+        set!(self.nri_socket => nri.socket_path);
         if self.install_default_conflist {
             c.network.install_default_conflist = true;
         }
@@ -209,7 +220,7 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     // Dependencies' chatter stays down unless tracing everything.
     let log = logging::init(
         &config,
-        "h2=warn,hyper=warn,tower=warn,tonic=warn,loona_hpack=warn,libcgroups=error",
+        "h2=warn,hyper=warn,tower=warn,tonic=warn,loona_hpack=warn,libcgroups=error,zbus=warn",
     );
     // A socket per live container (its watcher) and per client: take the
     // hard limit, and hand the node's soft limit on to monitors.

@@ -76,7 +76,7 @@ pub async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
             started_at: std::time::SystemTime::now(),
         },
     );
-    let cri = Cri::new(daemon);
+    let cri = Cri::new(daemon.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFixed::new));
     let server = tonic::transport::Server::builder()
@@ -118,6 +118,7 @@ pub async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         Ok(res) => res.context("gRPC server failed")?,
         Err(_) => warn!("calls still open after {DRAIN_TIMEOUT:?}; exiting anyway"),
     }
+    daemon.lifecycle.shutdown().await;
     info!("stopped");
     Ok(())
 }

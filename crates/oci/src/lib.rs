@@ -27,12 +27,15 @@
 //! - The default seccomp profile is stricter than moby's (see [`seccomp`]).
 //! - Ambient capabilities are also added to the other four sets.
 //! - Not implemented, rejected with a clear error: user namespaces, id-mapped
-//!   mounts, image volume mounts, CDI devices, AppArmor Localhost profiles.
+//!   mounts, image volume mounts, CDI devices, AppArmor Localhost profiles
+//!   on a node without AppArmor.
 //!   Ignored: SELinux options and relabelling (no SELinux on crust hosts),
-//!   AppArmor RuntimeDefault (no AppArmor), image `Volumes` (no anonymous
+//!   AppArmor RuntimeDefault on a node without AppArmor (see [`apparmor`]
+//!   for the node with it), image `Volumes` (no anonymous
 //!   volumes: the directories already exist in the image, as with CRI-O's
 //!   `image_volumes = "ignore"`).
 
+mod apparmor;
 mod caps;
 mod cgroup;
 mod compat;

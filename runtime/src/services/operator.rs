@@ -61,9 +61,9 @@ impl DaemonService for Admin {
             }
             .into(),
             cgroup_version: match d.cgroup_hierarchy {
-                crust_linux::cgroups::Hierarchy::V1 => "v1",
-                crust_linux::cgroups::Hierarchy::Hybrid => "hybrid",
-                crust_linux::cgroups::Hierarchy::V2 => "v2",
+                crust_cgroups::Hierarchy::V1 => "v1",
+                crust_cgroups::Hierarchy::Hybrid => "hybrid",
+                crust_cgroups::Hierarchy::V2 => "v2",
             }
             .into(),
             handlers,
