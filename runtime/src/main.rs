@@ -62,7 +62,6 @@ mod metrics;
 mod monitor;
 mod node;
 mod pods;
-mod quote;
 mod server;
 mod services;
 mod stats;

@@ -512,10 +512,8 @@ impl<'a> Cgroup<'a> {
         }
         let result = self.pids().map(|pids| {
             for pid in pids {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                    // ESRCH: gone already.
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                }
+                // ESRCH: gone already.
+                let _ = crust_linux::process::kill_process(pid);
             }
         });
         if let Some((dir, file, _, thawed)) = &freezer {
@@ -805,10 +803,10 @@ mod tests {
         assert_eq!(read(&c.join("memory.oom.group")), "1");
         // The directory for CLONE_INTO_CGROUP is the cgroup's own.
         let fd = cg.open_fd().unwrap();
-        let st = rustix::fs::fstat(&fd).unwrap();
+        let st = std::fs::File::from(fd).metadata().unwrap();
         let want = std::fs::metadata(&c).unwrap();
         use std::os::unix::fs::MetadataExt;
-        assert_eq!((st.st_dev, st.st_ino), (want.dev(), want.ino()));
+        assert_eq!((st.dev(), st.ino()), (want.dev(), want.ino()));
     }
 
     #[test]

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::cgroup::Cgroup;
@@ -217,7 +216,7 @@ pub struct CgroupFs {
 }
 
 /// A mount point and its open directory.
-type MountRoot = (PathBuf, Arc<OwnedFd>);
+type MountRoot = (PathBuf, Arc<crust_linux::fs::Dir>);
 
 impl PartialEq for CgroupFs {
     fn eq(&self, other: &Self) -> bool {
@@ -263,16 +262,12 @@ impl CgroupFs {
     pub fn from_mountinfo(mountinfo: &str) -> Result<Self> {
         let mut unified: Option<(PathBuf, bool)> = None;
         let mut v1: Vec<(V1Mount, bool)> = Vec::new();
-        for line in mountinfo.lines() {
-            // Cheap filter before the full parse.
-            if !line.contains(" - cgroup") {
+        for m in crust_linux::mountinfo::parse(mountinfo) {
+            if !m.fs_type.starts_with("cgroup") {
                 continue;
             }
-            let Ok(m) = procfs_core::process::MountInfo::from_line(line) else {
-                continue;
-            };
-            let mount_point = unescape_octal(&m.mount_point.to_string_lossy());
-            let preferred = m.root == "/" && mount_point.starts_with("/sys/fs/cgroup");
+            let mount_point = m.mount_point;
+            let preferred = m.root == Path::new("/") && mount_point.starts_with("/sys/fs/cgroup");
             let better = |current: Option<bool>| match current {
                 None => true,
                 Some(cur) => preferred && !cur,
@@ -284,14 +279,15 @@ impl CgroupFs {
                 "cgroup" => {
                     let controllers: Controllers = m
                         .super_options
-                        .keys()
-                        .filter_map(|k| Controller::from_name(k))
+                        .iter()
+                        .filter_map(|o| Controller::from_name(o))
                         .collect();
                     let name = m
                         .super_options
-                        .get("name")
-                        .and_then(|v| v.clone())
-                        .filter(|n| !n.is_empty());
+                        .iter()
+                        .find_map(|o| o.strip_prefix("name="))
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_string);
                     if controllers.is_empty() && name.is_none() {
                         continue;
                     }
@@ -528,31 +524,6 @@ impl CgroupFs {
     }
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_octal(s: &str) -> PathBuf {
-    if !s.contains('\\') {
-        return PathBuf::from(s);
-    }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && (b'0'..=b'3').contains(&b[i + 1])
-            && b[i + 2..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    use std::os::unix::ffi::OsStringExt;
-    PathBuf::from(std::ffi::OsString::from_vec(out))
-}
-
 /// Whether systemd is the init system, a precondition for the systemd
 /// cgroup driver (the test of sd_booted(3)).
 pub fn systemd_booted() -> bool {
@@ -664,15 +635,6 @@ mod tests {
     fn nothing_mounted() {
         let e = CgroupFs::from_mountinfo("22 1 0:21 / / rw - ext4 /dev/sda rw\n").unwrap_err();
         assert!(e.is_unsupported());
-    }
-
-    #[test]
-    fn octal_escapes() {
-        assert_eq!(unescape_octal("/a\\040b"), Path::new("/a b"));
-        assert_eq!(unescape_octal("/a\\134b"), Path::new("/a\\b"));
-        assert_eq!(unescape_octal("/plain"), Path::new("/plain"));
-        assert_eq!(unescape_octal("/x\\04"), Path::new("/x\\04"));
-        assert_eq!(unescape_octal("/x\\777"), Path::new("/x\\777"));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //!
 //! Every write is fd-relative and confined below the cgroup's directory
 //! (openat2 with RESOLVE_BENEATH and no symlinks; see `dir.rs`). This crate
-//! has no `unsafe`: the safe wrappers of `rustix` do the syscalls.
+//! has no `unsafe` and makes no syscall itself: crust-linux does them.
 
 #![forbid(unsafe_code)]
 

@@ -35,7 +35,7 @@ type TestResult = Result<(), Failed>;
 type Needs = fn(&CgroupFs) -> Option<String>;
 
 fn root(_: &CgroupFs) -> Option<String> {
-    (!rustix::process::geteuid().is_root()).then(|| "needs root".into())
+    (!crust_linux::fs::running_as_root()).then(|| "needs root".into())
 }
 
 fn root_v1(fs: &CgroupFs) -> Option<String> {

@@ -13,6 +13,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -49,6 +50,21 @@ pub struct Dir {
 
 fn dir_flags() -> OFlag {
     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+/// Set once openat2 turned out to be missing (ENOSYS: kernel < 5.6) or
+/// filtered (EPERM from a seccomp profile): [`Dir::open_beneath`] walks
+/// one component at a time from then on.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+/// How [`Dir::open_beneath`] and [`Dir::open_existing`] open what they
+/// open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    /// Write to the start of an existing file (`O_TRUNC`, which pseudo
+    /// file systems such as cgroupfs ignore).
+    Write,
 }
 
 fn own(fd: RawFd) -> OwnedFd {
@@ -222,9 +238,116 @@ impl Dir {
         Ok(out)
     }
 
+    /// Opens the directory `rel` (slash-separated components, no `.` or
+    /// `..`) below this one, never leaving it: `openat2` with
+    /// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+    /// RESOLVE_NO_XDEV`, or, where the kernel has no openat2, one
+    /// `O_NOFOLLOW` open per component. An empty `rel` is this directory.
+    pub fn open_beneath(&self, rel: &Path) -> Result<Dir> {
+        let fd = self.beneath(rel, dir_flags())?;
+        Ok(Dir { fd })
+    }
+
+    /// Opens the existing file `name` (one component) for reading or
+    /// writing: never created, never through a symlink or onto another
+    /// mount, non-blocking (a FIFO cannot hang the caller).
+    pub fn open_existing(&self, name: &OsStr, access: Access) -> Result<File> {
+        if !is_one_component(name) {
+            return Err(Errno::EINVAL);
+        }
+        let flags = match access {
+            Access::Read => OFlag::O_RDONLY,
+            Access::Write => OFlag::O_WRONLY | OFlag::O_TRUNC,
+        } | OFlag::O_NONBLOCK
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC;
+        Ok(File::from(self.beneath(Path::new(name), flags)?))
+    }
+
+    /// The magic number of the file system the directory is on
+    /// (`statfs(2)`'s `f_type`).
+    pub fn fs_type(&self) -> Result<i64> {
+        Ok(nix::sys::statfs::fstatfs(&self.fd)?.filesystem_type().0 as i64)
+    }
+
+    /// The descriptor, e.g. for `clone3(CLONE_INTO_CGROUP)`.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
+    fn beneath(&self, rel: &Path, flags: OFlag) -> Result<OwnedFd> {
+        let components: Vec<&OsStr> = rel
+            .as_os_str()
+            .as_bytes()
+            .split(|b| *b == b'/')
+            .filter(|c| !c.is_empty())
+            .map(OsStr::from_bytes)
+            .collect();
+        if rel.is_absolute() || components.iter().any(|c| !is_one_component(c)) {
+            return Err(Errno::EINVAL);
+        }
+        let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        if components.is_empty() {
+            let fd = nix::fcntl::openat(Some(self.raw()), ".", flags, Mode::empty())?;
+            return Ok(own(fd));
+        }
+        if !NO_OPENAT2.load(Ordering::Relaxed) {
+            use nix::fcntl::{OpenHow, ResolveFlag};
+            let how = OpenHow::new().flags(flags).resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            );
+            match nix::fcntl::openat2(self.raw(), rel, how) {
+                Ok(fd) => return Ok(own(fd)),
+                Err(Errno::ENOSYS) | Err(Errno::EPERM) => NO_OPENAT2.store(true, Ordering::Relaxed),
+                // A concurrent rename somewhere on the system: the walk
+                // below is as strict.
+                Err(Errno::EAGAIN) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.walk(&components, flags)
+    }
+
+    /// [`Dir::beneath`] without openat2: one `O_NOFOLLOW` open per
+    /// component, so neither `..` nor a symlink is ever resolved (mount
+    /// crossings are not detected: the caller's tree is trusted for that).
+    fn walk(&self, components: &[&OsStr], flags: OFlag) -> Result<OwnedFd> {
+        let Some((last, parents)) = components.split_last() else {
+            return Err(Errno::EINVAL);
+        };
+        let mut current: Option<OwnedFd> = None;
+        for c in parents {
+            let parent = current.as_ref().map_or(self.raw(), |fd| fd.as_raw_fd());
+            let fd = nix::fcntl::openat(
+                Some(parent),
+                *c,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            current = Some(own(fd));
+        }
+        let parent = current.as_ref().map_or(self.raw(), |fd| fd.as_raw_fd());
+        Ok(own(nix::fcntl::openat(
+            Some(parent),
+            *last,
+            flags,
+            Mode::empty(),
+        )?))
+    }
+
     fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// One path component: not empty, not `.` or `..`, no `/` or NUL.
+fn is_one_component(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty() && b != b"." && b != b".." && !b.iter().any(|c| *c == b'/' || *c == 0)
 }
 
 impl AsFd for Dir {
@@ -326,6 +449,69 @@ pub fn write_no_follow(path: &Path, content: &[u8], mode: u32) -> io::Result<()>
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// A tree with a file below `a/b`, a host file beside it, and
+    /// symlinks planted inside pointing out.
+    fn planted() -> (tempfile::TempDir, Dir) {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/b/file"), "x").unwrap();
+        std::fs::write(root.join("secret"), "host file").unwrap();
+        symlink(root.join("secret"), root.join("a/b/abs")).unwrap();
+        symlink("../../secret", root.join("a/b/rel")).unwrap();
+        symlink(root.join("a"), root.join("evil")).unwrap();
+        let dir = Dir::open(root).unwrap();
+        (tmp, dir)
+    }
+
+    fn confined_checks(dir: &Dir, tmp: &Path) {
+        let n = OsStr::new;
+        let b = dir.open_beneath(Path::new("a/b")).unwrap();
+        let mut f = b.open_existing(n("file"), Access::Write).unwrap();
+        f.write_all(b"y").unwrap();
+        assert_eq!(std::fs::read_to_string(tmp.join("a/b/file")).unwrap(), "y");
+        for name in ["abs", "rel", "missing", "..", ".", "", "x/y", "a\0b"] {
+            assert!(b.open_existing(n(name), Access::Write).is_err(), "{name:?}");
+        }
+        assert_eq!(
+            b.open_existing(n("missing"), Access::Read).unwrap_err(),
+            Errno::ENOENT
+        );
+        for rel in ["evil/b", "a/../a/b", "../x", "a/b/rel", "/a/b", "a/./b"] {
+            assert!(dir.open_beneath(Path::new(rel)).is_err(), "{rel:?}");
+        }
+        assert!(dir.open_beneath(Path::new("a//b/")).is_ok());
+        assert_eq!(
+            std::fs::read_to_string(tmp.join("secret")).unwrap(),
+            "host file"
+        );
+        // The directory itself.
+        assert!(dir.open_beneath(Path::new("")).is_ok());
+    }
+
+    #[test]
+    fn confined_opens_never_leave_the_directory() {
+        let (tmp, dir) = planted();
+        confined_checks(&dir, tmp.path());
+        assert_ne!(dir.fs_type().unwrap(), 0);
+    }
+
+    #[test]
+    fn the_walk_without_openat2_is_as_strict() {
+        let (tmp, dir) = planted();
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let c = |s: &'static str| -> Vec<&'static OsStr> { s.split('/').map(OsStr::new).collect() };
+        assert!(dir.walk(&c("evil/b"), flags).is_err());
+        assert!(dir.walk(&c("a/b/abs"), flags).is_err());
+        assert!(dir.walk(&c("a/b/rel"), flags).is_err());
+        assert!(dir.walk(&c("a/b/file"), flags).is_ok());
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("secret")).unwrap(),
+            "host file"
+        );
+    }
 
     #[test]
     fn walks_and_creates_without_following_symlinks() {

@@ -74,7 +74,7 @@ fn split_options(s: &str) -> Vec<String> {
 }
 
 /// The kernel writes space, tab, newline and backslash in paths as `\ooo`
-/// (three octal digits); anything else is taken as it is.
+/// (three octal digits, at most `\377`); anything else is taken as it is.
 pub fn unescape(s: &str) -> PathBuf {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -82,7 +82,9 @@ pub fn unescape(s: &str) -> PathBuf {
     while i < b.len() {
         if b[i] == b'\\'
             && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+            // At most \377: a higher first digit would not fit a byte.
+            && (b'0'..=b'3').contains(&b[i + 1])
+            && b[i + 2..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
@@ -98,6 +100,16 @@ pub fn unescape(s: &str) -> PathBuf {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn unescape_decodes_bytes_only() {
+        assert_eq!(unescape("/a\\040b"), Path::new("/a b"));
+        assert_eq!(unescape("/a\\134b"), Path::new("/a\\b"));
+        assert_eq!(unescape("/plain"), Path::new("/plain"));
+        // Cut short, or over a byte: taken as it is (and no overflow).
+        assert_eq!(unescape("/x\\04"), Path::new("/x\\04"));
+        assert_eq!(unescape("/x\\777"), Path::new("/x\\777"));
+    }
 
     const HYBRID: &str = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro

@@ -135,6 +135,20 @@ pub fn send_signal(pid: i32, signal: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// SIGKILL to the one process `pid`. Refused (`InvalidInput`) for pids
+/// that kill(2) reads as groups (0, negatives), so that a bad number read
+/// from a file can never kill the caller's own process group.
+pub fn kill_process(pid: i32) -> io::Result<()> {
+    if pid <= 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("pid {pid} is not a process"),
+        ));
+    }
+    nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL)?;
+    Ok(())
+}
+
 /// `umask(2)`: sets the file mode creation mask (the low 9 bits of `mask`).
 pub fn set_umask(mask: u32) {
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));

@@ -45,6 +45,20 @@ pub fn clip(text: &str) -> Clipped<'_> {
 }
 
 /// See [`quote`].
+/// `text` (free text, e.g. a lower layer's error that may repeat input)
+/// cut to at most `max` bytes at a character boundary, marked when cut:
+/// for messages longer than one quote but still bounded (a gRPC status).
+pub fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &text[..end], text.len())
+}
+
 #[derive(Clone, Copy)]
 pub struct Quoted<'a>(&'a str);
 
@@ -201,6 +215,12 @@ fn utf8_chunks(bytes: &[u8]) -> impl Iterator<Item = Result<char, u8>> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncate_cuts_at_a_char_boundary() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate(&"é".repeat(10), 5), "éé... (20 bytes)");
+    }
     use proptest::prelude::*;
 
     #[test]

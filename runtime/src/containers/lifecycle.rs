@@ -29,8 +29,8 @@ use crate::events::EventKind;
 use crate::images::ImageFacts;
 use crate::index::{Entry, ReserveError};
 use crate::launch::Launch;
-use crate::quote::quote;
 use crate::tasks::blocking;
+use crust_quote::quote;
 
 /// How long the monitor may take to create a container.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(120);

@@ -4,7 +4,7 @@
 use crust_api::v1::ContainerConfig;
 
 use super::error::ContainerError;
-use crate::quote::quote;
+use crust_quote::quote;
 
 fn invalid(m: String) -> ContainerError {
     ContainerError::InvalidArgument(m)

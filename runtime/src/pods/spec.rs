@@ -12,7 +12,7 @@ use crust_network::{Bandwidth, PortMapping};
 
 use super::error::PodError;
 use super::record::PodMetadata;
-use crate::quote::quote;
+use crust_quote::quote;
 
 /// The default runtime handler only (unit tests).
 #[cfg(test)]

@@ -9,14 +9,14 @@
 //! shapes, so those checks and their error messages work on bounded input.
 //!
 //! Every refusal is InvalidArgument naming the field and the limit, and
-//! quotes at most [`crate::quote::MAX_QUOTED`] bytes of what was sent.
+//! quotes at most [`crust_quote::MAX_QUOTED`] bytes of what was sent.
 
 use std::collections::HashMap;
 
 use crust_api::v1::*;
 use tonic::Status;
 
-use crate::quote::quote;
+use crust_quote::quote;
 
 /// Pod, container and exec IDs are 64 hex characters (a unique prefix
 /// names one too); nothing longer can name one.

@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use super::{Cri, ResponseStream, bounds};
 use crate::clock::now_ns;
-use crate::quote::quote;
+use crust_quote::quote;
 
 /// The bytes a pull downloads, for the metrics: the last progress of
 /// every blob fetched (blobs already in the store count nothing).

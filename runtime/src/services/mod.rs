@@ -88,14 +88,14 @@ fn map(
 }
 
 /// The longest error message a client gets. Messages quote at most
-/// [`crate::quote::MAX_QUOTED`] bytes of any one input, but a lower layer's
+/// [`crust_quote::MAX_QUOTED`] bytes of any one input, but a lower layer's
 /// text (a plugin's or a runtime's error) is clipped here, so that no
 /// answer comes near the 16 KiB `grpc-message` header clients accept.
 pub const MAX_MESSAGE: usize = 2048;
 
 /// A status whose message is clipped to [`MAX_MESSAGE`].
 fn status(code: tonic::Code, message: impl AsRef<str>) -> Status {
-    Status::new(code, crate::quote::clip(message.as_ref(), MAX_MESSAGE))
+    Status::new(code, crust_quote::truncate(message.as_ref(), MAX_MESSAGE))
 }
 
 /// A pod error as the gRPC status a client can act on.

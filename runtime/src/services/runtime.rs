@@ -412,7 +412,7 @@ impl Cri {
             Err(why) => (
                 false,
                 "MetadataStoreNotWritable".to_string(),
-                crate::quote::clip(
+                crust_quote::truncate(
                     &format!("writing the metadata store failed: {why}"),
                     super::MAX_MESSAGE,
                 ),
