@@ -871,16 +871,36 @@ async fn container_events_come_in_order_with_statuses() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_subscriber_that_falls_behind_is_cut_off_not_silently_skipped() {
     const PODS: usize = 50;
-    const PER_POD: usize = 20; // 1,000 containers: 2,000 events
+    const PER_POD: usize = 20; // 1,000 containers: 3,000 events
     let mut env = Env::start(Daemon::builder()).await;
     env.pull().await;
     // Subscribed, then not read until everything happened.
     let mut slow = env.events().await;
+    // Subscribed and read as events come: gets every one of them.
+    let mut keeping_up = env.events().await;
+    let reader = tokio::spawn(async move {
+        let mut got: HashMap<String, Vec<v1::ContainerEventType>> = HashMap::new();
+        let (mut n, mut deleted) = (0, 0);
+        while deleted < PODS * PER_POD {
+            let e = tokio::time::timeout(Duration::from_secs(120), keeping_up.message())
+                .await
+                .unwrap_or_else(|_| panic!("the reader waited in vain after {n} events"))
+                .unwrap_or_else(|e| panic!("the reader's stream broke after {n} events: {e}"))
+                .unwrap_or_else(|| panic!("the reader's stream ended after {n} events"));
+            n += 1;
+            if kind(&e) == v1::ContainerEventType::ContainerDeletedEvent {
+                deleted += 1;
+            }
+            got.entry(e.container_id.clone()).or_default().push(kind(&e));
+        }
+        got
+    });
     let mut pods = Vec::new();
     for i in 0..PODS {
         pods.push(env.host_pod(&format!("slow{i}")).await);
     }
     let mut tasks = tokio::task::JoinSet::new();
+    let mut all_ids = Vec::new();
     for (i, pod) in pods.iter().cloned().enumerate() {
         let mut rt = env.rt.clone();
         let configs: Vec<v1::ContainerConfig> = (0..PER_POD)
@@ -902,11 +922,32 @@ async fn a_subscriber_that_falls_behind_is_cut_off_not_silently_skipped() {
         });
         // Two pods at a time on two cores.
         if tasks.len() >= 2 {
-            tasks.join_next().await.unwrap().unwrap();
+            all_ids.extend(tasks.join_next().await.unwrap().unwrap());
         }
     }
     while let Some(r) = tasks.join_next().await {
-        r.unwrap();
+        all_ids.extend(r.unwrap());
+    }
+    // The reader that kept up: every change of all 1,000 (removing a
+    // created container stops it first), in order, no gap.
+    let got = reader.await.unwrap();
+    assert_eq!(got.len(), PODS * PER_POD);
+    {
+        use v1::ContainerEventType::*;
+        for id in &all_ids {
+            assert_eq!(
+                got.get(id).map(Vec::as_slice),
+                Some(
+                    [
+                        ContainerCreatedEvent,
+                        ContainerStoppedEvent,
+                        ContainerDeletedEvent
+                    ]
+                    .as_slice()
+                ),
+                "{id}"
+            );
+        }
     }
     // Now read: some events in order, then a clear error, never a gap.
     let mut received: HashMap<String, Vec<v1::ContainerEventType>> = HashMap::new();
@@ -921,12 +962,12 @@ async fn a_subscriber_that_falls_behind_is_cut_off_not_silently_skipped() {
                     .or_default()
                     .push(kind(&e));
             }
-            Ok(Ok(None)) => panic!("the stream ended quietly after {count} of 2,000 events"),
+            Ok(Ok(None)) => panic!("the stream ended quietly after {count} of 3,000 events"),
             Ok(Err(status)) => break status,
         }
     };
     assert!(
-        count < 2000,
+        count < 3000,
         "all events arrived: the subscriber never fell behind"
     );
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
