@@ -891,7 +891,9 @@ async fn a_subscriber_that_falls_behind_is_cut_off_not_silently_skipped() {
             if kind(&e) == v1::ContainerEventType::ContainerDeletedEvent {
                 deleted += 1;
             }
-            got.entry(e.container_id.clone()).or_default().push(kind(&e));
+            got.entry(e.container_id.clone())
+                .or_default()
+                .push(kind(&e));
         }
         got
     });
