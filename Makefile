@@ -8,11 +8,17 @@
 #   make test-host  the host part alone
 #   make test-vm  every suite of VM_SUITES in the VM test bed
 #   make vm-shell   a shell in a fresh VM of the test bed (gone on exit)
+#   make install  builds release, installs crust and crust-shim, the systemd
+#               unit and (if absent) /etc/crust/config.toml (PREFIX, DESTDIR)
 #   make bench  builds release and benchmarks a freshly started crust
 #               (hack/bench.sh; extra crust-bench flags in BENCH_ARGS)
 #   make bench-vs-containerd
 #               the same, side by side with a freshly started containerd
 #               (Debian's, installed if missing; hack/bench-vs-containerd.sh)
+#   make bench-metrics
+#               what the metrics endpoint costs: crust with and without it
+#               side by side, and /metrics scraped with 100 pods running
+#               (hack/bench-metrics.sh)
 #
 # All are meant for a fresh Debian 12 machine, as root.
 
@@ -23,7 +29,11 @@ RUN_ARGS ?=
 # Debian packages: what the daemon uses at run time, and what tests add.
 RUN_PACKAGES := runc crun containernetworking-plugins iptables iproute2 libseccomp2
 BUILD_PACKAGES := build-essential pkg-config libseccomp-dev
-TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
+TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static python3-venv
+# PyPI packages of the tests' independent peers (a grpc-core client, the
+# Prometheus project's own text parser), in a venv under target/.
+TEST_VENV := target/test-venv
+TEST_PY_PACKAGES := grpcio grpcio-tools prometheus-client
 BENCH_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static
 BENCH_ARGS ?=
 
@@ -34,14 +44,14 @@ BENCH_ARGS ?=
 # hack/vm/known-failing); make test-vm runs them all (VM_SUITES).
 # hack/vm/README.md says what each costs.
 VM_TEST_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation@cgroupfs \
-	crust-tests:pods@cgroupfs
+	crust-tests:pods@cgroupfs crust-tests:apparmor@cgroupfs
 VM_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation crust-tests:pods \
 	crust-tests:containers \
 	crust-tests:streaming crust-shim:e2e@cgroupfs crust-linux:pod_sandbox@cgroupfs \
-	crust-network:cni_plugins@cgroupfs crust-tests:apparmor@cgroupfs
+	crust-network:cni_plugins@cgroupfs crust-tests:apparmor@cgroupfs crust-tests:systemd_unit
 TEST_LOG_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: run build release test test-host test-vm vm-shell bench bench-vs-containerd deps-run deps-test deps-vm deps-bench fmt lint critest clean
+.PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-metrics deps-run deps-test deps-vm deps-bench fmt lint critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -88,6 +98,10 @@ bench-vs-containerd: deps-bench
 	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
 	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-vs-containerd.sh
 
+bench-metrics: deps-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-metrics.sh
+
 deps-run:
 	@hack/apt-install.sh $(RUN_PACKAGES) $(BUILD_PACKAGES)
 
@@ -96,12 +110,47 @@ deps-build:
 
 deps-test:
 	@hack/apt-install.sh $(TEST_PACKAGES)
+	@test -x $(TEST_VENV)/bin/python3 || /usr/bin/python3 -m venv $(TEST_VENV)
+	@$(TEST_VENV)/bin/python3 -c 'import grpc, grpc_tools, prometheus_client' 2>/dev/null || \
+		$(TEST_VENV)/bin/pip install -q --disable-pip-version-check $(TEST_PY_PACKAGES)
 
 deps-vm:
 	@hack/vm/deps.sh
 
 deps-bench:
 	@hack/apt-install.sh $(BENCH_PACKAGES)
+
+# Installs what `make release` built. The config is written only if there
+# is none; the unit is not enabled or started (systemctl enable --now crust).
+# install-files installs the binaries in BIN_DIR without building them (the
+# systemd unit test installs the binaries under test into a DESTDIR).
+PREFIX ?= /usr/local
+DESTDIR ?=
+BIN_DIR ?= target/release
+install: release
+	@$(MAKE) --no-print-directory install-files BIN_DIR=target/release
+
+install-files:
+	install -D -m 0755 $(BIN_DIR)/crust $(DESTDIR)$(PREFIX)/bin/crust
+	install -D -m 0755 $(BIN_DIR)/crust-shim $(DESTDIR)$(PREFIX)/bin/crust-shim
+	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/crust/README.md
+	install -d -m 0755 $(DESTDIR)/etc/systemd/system
+	sed -e 's|/usr/local/bin/crust |$(PREFIX)/bin/crust |' \
+		-e 's|/usr/local/share/doc/crust/|$(PREFIX)/share/doc/crust/|' \
+		contrib/systemd/crust.service > $(DESTDIR)/etc/systemd/system/crust.service
+	chmod 0644 $(DESTDIR)/etc/systemd/system/crust.service
+	@if [ -e $(DESTDIR)/etc/crust/config.toml ]; then \
+		echo "kept the existing $(DESTDIR)/etc/crust/config.toml"; \
+	else \
+		install -d -m 0755 $(DESTDIR)/etc/crust; \
+		$(BIN_DIR)/crust config default > $(DESTDIR)/etc/crust/config.toml; \
+		echo "wrote the default $(DESTDIR)/etc/crust/config.toml"; \
+	fi
+	@echo
+	@echo "next: systemctl daemon-reload && systemctl enable --now crust"
+	@echo "crictl: put this in /etc/crictl.yaml:"
+	@echo "  runtime-endpoint: unix:///run/crust/crust.sock"
+	@echo "  image-endpoint: unix:///run/crust/crust.sock"
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,4 +1,4 @@
-# Shared by hack/bench.sh and hack/bench-vs-containerd.sh (sourced, not run).
+# Shared by hack/bench.sh, hack/bench-vs-containerd.sh and hack/bench-metrics.sh (sourced, not run).
 #
 # Everything lives under $work (a fresh temp dir); what is started is
 # recorded by PID and stopped by PID; network state is named after this run.
@@ -133,7 +133,7 @@ write_cni_config() {
 EOF
 }
 
-# A fresh crust daemon on $work/crust.sock.
+# A fresh crust daemon on $work/crust.sock; extra daemon flags in "$@".
 # NRI is on by default: the daemon's NRI socket and plugin dirs are its own
 # (never the host's /var/run/nri/nri.sock or /opt/nri/plugins). With
 # BENCH_NRI_PLUGIN=1 one plugin is connected, crust-nri's nri-test-plugin
@@ -153,7 +153,7 @@ start_crust() {
 	fi
 	"$BIN/crust" daemon --config "$work/crust.toml" --socket "$work/crust.sock" \
 		--root "$work/root" --run-dir "$work/run" --cni-conf-dir "$work/cni" \
-		--log-level warn >/dev/null 2>"$work/daemon.log" &
+		--log-level warn "$@" >/dev/null 2>"$work/daemon.log" &
 	daemon_pid=$!
 	wait_for "crust daemon" "[[ -S $work/crust.sock ]]"
 }

@@ -1,5 +1,6 @@
 //! The CRI gRPC API as generated Rust code, and crust's private admin API
-//! (`crust.admin.v1`, for the `crust images` commands).
+//! (`crust.admin.v1`, for the `crust images`, `status` and `log-level`
+//! commands).
 //!
 //! `v1` is what crust implements. `v1alpha2` is wire-compatible with `v1` for
 //! every field the two share, so the daemon serves it by re-routing its
@@ -23,3 +24,8 @@ pub mod admin {
         tonic::include_proto!("crust.admin.v1");
     }
 }
+
+/// Every gRPC method of the protos above as its path
+/// (`/runtime.v1.RuntimeService/Version`), e.g. to label metrics with a
+/// bounded set of names.
+pub const GRPC_METHODS: &[&str] = include!(concat!(env!("OUT_DIR"), "/grpc_methods.rs"));

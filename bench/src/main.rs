@@ -139,6 +139,17 @@ struct Args {
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The Prometheus endpoint of --endpoint (http://IP:PORT/metrics): the
+    /// density scenario scrapes it while its pods run (latency, bytes,
+    /// daemon CPU per scrape).
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// The Prometheus endpoint of --vs.
+    #[arg(long)]
+    vs_metrics_url: Option<String>,
+    /// Timed scrapes of a --metrics-url (after 5 untimed ones).
+    #[arg(long, default_value_t = 100)]
+    scrapes: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -185,6 +196,8 @@ struct Target {
     /// Left out of the scenario being measured (e.g. it has no such
     /// runtime handler).
     skip: bool,
+    /// Its Prometheus endpoint, if it has one.
+    metrics_url: Option<String>,
 }
 
 /// Pods created and not yet removed, as (target index, pod id): removed at
@@ -259,6 +272,7 @@ async fn connect(
         pods: Vec::new(),
         container: None,
         skip: false,
+        metrics_url: None,
     })
 }
 
@@ -1161,6 +1175,9 @@ async fn density(report: &mut Report, targets: &mut [Target], args: &Args) -> an
             start.elapsed().as_secs_f64() * 1e3,
             "ms",
         );
+        if let Some(url) = t.metrics_url.clone() {
+            scrape(report, t, &url, n, args.scrapes).await?;
+        }
         let start = Instant::now();
         remove_pods(t, pods, par).await?;
         figure(
@@ -1168,6 +1185,74 @@ async fn density(report: &mut Report, targets: &mut [Target], args: &Args) -> an
             &format!("density {n} pods removed"),
             &t.name,
             start.elapsed().as_secs_f64() * 1e3,
+            "ms",
+        );
+    }
+    Ok(())
+}
+
+/// (utime + stime) of a process, in seconds.
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces), from field 3 on.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ, which /proc reports in, is 100 on every Linux ABI.
+    Some(ticks / 100.0)
+}
+
+/// `scrapes` timed GETs of the target's /metrics while `pods` pods with a
+/// running container each exist: latency, response size, and the daemon's
+/// CPU time per scrape (from /proc, so it includes whatever else the daemon
+/// did meanwhile: nothing, as the bench waits).
+async fn scrape(
+    report: &mut Report,
+    t: &Target,
+    url: &str,
+    pods: usize,
+    scrapes: usize,
+) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let get = |http: reqwest::Client| async move {
+        let r = http
+            .get(url)
+            .send()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        anyhow::ensure!(r.status().is_success(), "GET {url}: {}", r.status());
+        anyhow::Ok(r.bytes().await?.len())
+    };
+    for _ in 0..5 {
+        get(http.clone()).await?;
+    }
+    let cpu_before = t.pid.and_then(cpu_secs);
+    let mut samples = Vec::with_capacity(scrapes);
+    let mut bytes = 0;
+    for _ in 0..scrapes {
+        let start = Instant::now();
+        bytes = get(http.clone()).await?;
+        samples.push(start.elapsed());
+    }
+    let cpu_after = t.pid.and_then(cpu_secs);
+    report.results.push(stats::summarize(
+        &format!("metrics scrape, {pods} pods"),
+        &t.name,
+        samples,
+    ));
+    figure(
+        report,
+        &format!("metrics scrape size, {pods} pods"),
+        &t.name,
+        bytes as f64 / 1024.0,
+        "KiB",
+    );
+    if let (Some(a), Some(b)) = (cpu_before, cpu_after) {
+        figure(
+            report,
+            &format!("metrics scrape cpu, {pods} pods"),
+            &t.name,
+            (b - a) * 1e3 / scrapes as f64,
             "ms",
         );
     }
@@ -1531,8 +1616,10 @@ async fn main() -> anyhow::Result<()> {
         "iterations and rounds must be > 0"
     );
     let mut targets = vec![connect(&args.endpoint, args.label.as_ref(), 0, args.daemon_pid).await?];
+    targets[0].metrics_url = args.metrics_url.clone();
     if let Some(vs) = &args.vs {
         targets.push(connect(vs, args.vs_label.as_ref(), 1, args.vs_daemon_pid).await?);
+        targets[1].metrics_url = args.vs_metrics_url.clone();
     }
     std::fs::create_dir_all(log_root())?;
     let mut report = Report::default();

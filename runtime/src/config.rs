@@ -31,9 +31,37 @@ pub struct Config {
     pub shim_binary: Option<PathBuf>,
     /// The exec / attach / port-forward streaming server.
     pub streaming: StreamingSection,
+    /// The Prometheus metrics and health endpoint (off unless an address
+    /// is given).
+    pub metrics: MetricsSection,
     /// NRI (Node Resource Interface) plugins: the socket they connect to,
     /// the pre-installed ones crust starts itself, timeouts.
     pub nri: crust_nri::Config,
+}
+
+/// The `[metrics]` table: where `GET /metrics` (Prometheus / OpenMetrics
+/// text) and `GET /healthz` are served over plain HTTP.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// `IP:PORT` to listen on (port 0 = a free one); absent: no endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+impl MetricsSection {
+    /// The listening address, checked; None when the endpoint is off.
+    pub fn socket_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        let Some(text) = &self.address else {
+            return Ok(None);
+        };
+        text.trim().parse().map(Some).map_err(|_| {
+            ConfigError::Invalid(format!(
+                "metrics.address must be IP:PORT (e.g. \"127.0.0.1:9090\"), got {:?}",
+                text.chars().take(256).collect::<String>()
+            ))
+        })
+    }
 }
 
 /// The `[streaming]` table: where the server behind the Exec, Attach and
@@ -161,6 +189,7 @@ impl Default for Config {
             runtimes: Default::default(),
             shim_binary: None,
             streaming: StreamingSection::default(),
+            metrics: MetricsSection::default(),
             nri: crust_nri::Config::default(),
         }
     }
@@ -271,6 +300,7 @@ impl Config {
             }
         }
         self.streaming.socket_addr()?;
+        self.metrics.socket_addr()?;
         self.nri.validate().map_err(ConfigError::Invalid)?;
         match (&self.streaming.tls_cert, &self.streaming.tls_key) {
             (Some(c), Some(k)) => {
@@ -373,6 +403,21 @@ mod tests {
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("streaming.tls_cert"), "{err}");
         assert!(Config::parse("[streaming]\nport = 70000\n").is_err());
+    }
+
+    #[test]
+    fn metrics_section_is_off_by_default_and_checked() {
+        assert_eq!(Config::default().metrics.socket_addr().unwrap(), None);
+        let c = Config::parse("[metrics]\naddress = \"127.0.0.1:9090\"\n").unwrap();
+        assert_eq!(
+            c.metrics.socket_addr().unwrap(),
+            Some("127.0.0.1:9090".parse().unwrap())
+        );
+        c.validate().unwrap();
+        let c = Config::parse("[metrics]\naddress = \"localhost:9090\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("metrics.address"), "{err}");
+        assert!(Config::parse("[metrics]\nport = 1\n").is_err());
     }
 
     #[test]

@@ -26,8 +26,10 @@ use crate::containers::{self, Containers, RealContainerHost};
 use crate::handlers::Handlers;
 use crate::launch::Launcher;
 use crate::lifecycle::{Lifecycle, NriBackend};
+use crate::metrics::Metrics;
 use crate::pods::{Pods, RealPodHost};
 use crate::stats::CgroupStats;
+use crate::streaming_backend::Sessions;
 
 /// The run dir's lock file (holds the pid of the daemon that has it).
 const RUN_DIR_LOCK: &str = "crust.lock";
@@ -56,6 +58,10 @@ pub struct Daemon {
     /// The exec / attach / port-forward server, set once at start (its
     /// backend needs the pods and containers, so it starts after `open`).
     pub streaming: std::sync::OnceLock<crust_streaming::StreamingServer>,
+    /// What the daemon counts and times (served when `[metrics]` is on).
+    pub metrics: Arc<Metrics>,
+    /// Open exec / attach / port-forward sessions.
+    pub sessions: Arc<Sessions>,
     /// This daemon's hold on the run dir, for its lifetime.
     _run_dir_lock: Flock<File>,
 }
@@ -77,7 +83,7 @@ impl Record for NetworkSettings {
 impl Daemon {
     /// Opens everything and recovers the pods and containers of a previous
     /// run.
-    pub async fn open(config: Config) -> anyhow::Result<Daemon> {
+    pub async fn open(config: Config, metrics: Arc<Metrics>) -> anyhow::Result<Daemon> {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
@@ -105,7 +111,11 @@ impl Daemon {
             handlers.clone(),
             facts.clone(),
             config.root.clone(),
-        );
+        )
+        .with_cni_observer({
+            let metrics = metrics.clone();
+            Arc::new(move |add, ok, took| metrics.cni_operation(add, ok, took))
+        });
         let (run_root, state_root) = (config.run_dir.join("pods"), config.root.join("pods"));
         for dir in [&run_root, &state_root] {
             create_private_dir(dir)?;
@@ -141,6 +151,11 @@ impl Daemon {
             .recover()
             .await
             .context("recovering containers")?;
+        // What recovery found (exits while the daemon was down) goes to
+        // the GetContainerEvents subscribers of the next few minutes.
+        containers
+            .events()
+            .recovered(crate::events::RECOVERY_REPLAY);
         let stats = Arc::new(CgroupStats::new(Some(cgroups)));
         let nri = start_nri(&config, &pods, &containers).await?;
         Ok(Daemon {
@@ -156,6 +171,8 @@ impl Daemon {
             apparmor,
             pod_cidrs: RwLock::new(network.pod_cidrs),
             streaming: std::sync::OnceLock::new(),
+            metrics,
+            sessions: Arc::default(),
             _run_dir_lock: run_dir_lock,
         })
     }

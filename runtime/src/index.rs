@@ -43,6 +43,15 @@ impl<R: Clone> Entry<R> {
         *self.record.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(record);
     }
 
+    /// The exclusive right to change this entry's life cycle, if no one
+    /// holds it now.
+    pub fn try_lock(self: &Arc<Self>) -> Option<Op<R>> {
+        Some(Op {
+            entry: self.clone(),
+            removed: self.op.clone().try_lock_owned().ok()?,
+        })
+    }
+
     /// Waits for the exclusive right to change this entry's life cycle.
     pub async fn lock(self: &Arc<Self>) -> Op<R> {
         Op {

@@ -42,6 +42,7 @@
 //! ```
 
 mod api_version;
+mod authority;
 mod cgroups;
 mod cli;
 mod clock;
@@ -55,11 +56,14 @@ mod idle;
 mod ids;
 mod images;
 mod index;
+mod introspect;
 mod launch;
 mod lifecycle;
+mod logging;
 mod metrics;
 mod monitor;
 mod node;
+mod pod_metrics;
 mod pods;
 mod server;
 mod services;
@@ -72,7 +76,6 @@ mod fakes;
 #[cfg(test)]
 mod layering;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -98,6 +101,11 @@ enum Command {
     Daemon(DaemonArgs),
     /// Pull, list, remove, import and prune images (through the daemon).
     Images(cli::images::ImagesArgs),
+    /// Show the running daemon's version, config, cgroups, handlers,
+    /// pods and containers, addresses and health.
+    Status(cli::status::StatusArgs),
+    /// Show or change the running daemon's log level (changing: root only).
+    LogLevel(cli::log_level::LogLevelArgs),
     /// Inspect the configuration.
     Config {
         #[command(subcommand)]
@@ -144,6 +152,9 @@ struct DaemonArgs {
     /// Registry host config directory (containerd hosts.toml layout).
     #[arg(long, value_name = "DIR")]
     registry_config_dir: Option<PathBuf>,
+    /// Serve /metrics and /healthz over HTTP on this IP:PORT.
+    #[arg(long, value_name = "IP:PORT")]
+    metrics_address: Option<String>,
     /// The socket NRI plugins connect to (`nri.socket_path`).
     #[arg(long, value_name = "PATH")]
     nri_socket: Option<PathBuf>,
@@ -172,6 +183,9 @@ impl DaemonArgs {
         set!(self.cni_conf_dir => network.cni_conf_dir);
         set!(self.cni_bin_dir => network.cni_bin_dirs);
         set!(self.registry_config_dir => registry.config_dir);
+        if let Some(a) = self.metrics_address {
+            c.metrics.address = Some(a);
+        }
         set!(self.nri_socket => nri.socket_path);
         if self.install_default_conflist {
             c.network.install_default_conflist = true;
@@ -186,6 +200,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Daemon(args) => args.into_config().and_then(run_daemon),
         Command::Images(args) => cli::images::run(args),
+        Command::Status(args) => cli::status::run(args),
+        Command::LogLevel(args) => cli::log_level::run(args),
         Command::Config {
             command: ConfigCommand::Default,
         } => {
@@ -203,7 +219,11 @@ fn main() -> ExitCode {
 }
 
 fn run_daemon(config: Config) -> anyhow::Result<()> {
-    init_logging(&config);
+    // Dependencies' chatter stays down unless tracing everything.
+    let log = logging::init(
+        &config,
+        "h2=warn,hyper=warn,tower=warn,tonic=warn,loona_hpack=warn,libcgroups=error,zbus=warn",
+    );
     // A socket per live container (its watcher) and per client: take the
     // hard limit, and hand the node's soft limit on to monitors.
     match crust_linux::process::raise_open_files_limit() {
@@ -215,23 +235,5 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
         .thread_name("crust")
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(server::serve(config))
-}
-
-fn init_logging(config: &Config) {
-    // Dependencies' chatter stays at warn unless tracing everything.
-    let level = config.log_level.as_str();
-    let filter = if config.log_level == LogLevel::Trace {
-        level.to_string()
-    } else {
-        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error,zbus=warn")
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    rt.block_on(server::serve(config, log))
 }

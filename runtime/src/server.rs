@@ -1,4 +1,6 @@
-//! The gRPC server on the CRI Unix socket, and its orderly shutdown.
+//! The gRPC server on the CRI Unix socket, and its orderly shutdown; the
+//! metrics endpoint, systemd's readiness notice and the SIGUSR1 state dump
+//! around it.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -6,32 +8,60 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use crust_api::admin::v1::daemon_server::DaemonServer;
 use crust_api::admin::v1::images_server::ImagesServer;
 use crust_api::v1::image_service_server::ImageServiceServer;
 use crust_api::v1::runtime_service_server::RuntimeServiceServer;
+use sd_notify::NotifyState;
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
 use crate::api_version::ApiVersionLayer;
+use crate::authority::AuthorityFixed;
 use crate::config::Config;
 use crate::daemon::Daemon;
-use crate::services::{Admin, Cri};
+use crate::logging::LogControl;
+use crate::metrics::Metrics;
+use crate::metrics::grpc::RpcMetricsLayer;
+use crate::metrics::health::Health;
+use crate::services::{Admin, Cri, Operator};
 
 /// How long in-flight calls get to finish after SIGTERM before the daemon
 /// exits anyway (long-lived streams such as GetContainerEvents never finish).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn serve(config: Config) -> anyhow::Result<()> {
+pub async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
     let socket = config.socket.clone();
-    let daemon = Arc::new(Daemon::open(config).await?);
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    // Up before recovery, so that /healthz says "starting" meanwhile.
+    let metrics_address = match config.metrics.socket_addr()? {
+        Some(addr) => {
+            Some(crate::metrics::http::start(addr, metrics.clone(), health.clone()).await?)
+        }
+        None => None,
+    };
+    let daemon = Arc::new(Daemon::open(config, metrics.clone()).await?);
+    metrics.set_node_counts({
+        // Weak: the daemon holds the metrics.
+        let daemon = Arc::downgrade(&daemon);
+        Box::new(move || {
+            daemon
+                .upgrade()
+                .map(|d| crate::introspect::counts(&d))
+                .unwrap_or_default()
+        })
+    });
     start_streaming(&daemon).await?;
     crate::idle::spawn_idle_trim();
     // Handlers first: whoever sees the socket may signal at once, and a
     // SIGTERM before the handler exists would kill the daemon uncleanly.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    spawn_state_dumps(&daemon)?;
     let listener = bind(&socket)?;
     let _remove_socket = RemoveOnDrop(socket.clone());
     info!(
@@ -41,26 +71,50 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "crust is serving the CRI (runtime.v1, runtime.v1alpha2)"
     );
 
-    let admin = Admin::new(daemon.clone());
+    let admin = Admin::new(
+        daemon.clone(),
+        Operator {
+            log,
+            health: health.clone(),
+            metrics_address,
+            started_at: std::time::SystemTime::now(),
+        },
+    );
     let cri = Cri::new(daemon.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFixed::new));
     let server = tonic::transport::Server::builder()
+        // Outermost: counts each call once, under the name it came with.
+        .layer(RpcMetricsLayer::new(metrics))
         .layer(ApiVersionLayer)
         .layer(crate::idle::ActivityLayer)
         .add_service(RuntimeServiceServer::new(cri.clone()))
         .add_service(ImageServiceServer::new(cri))
-        // crust's private admin API (`crust images`), on the same socket.
-        .add_service(ImagesServer::new(admin))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+        // crust's private admin API (`crust images`, `status`,
+        // `log-level`), on the same socket.
+        .add_service(ImagesServer::new(admin.clone()))
+        .add_service(DaemonServer::new(admin))
+        .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });
     tokio::pin!(server);
+    health
+        .serving(socket.clone())
+        .with_context(|| format!("checking {}", socket.display()))?;
+    // Under systemd (Type=notify): started once recovery is done and the
+    // socket serves. Children never see NOTIFY_SOCKET: every spawn path
+    // (monitor, CNI, OCI CLI) clears the environment.
+    if let Err(e) = sd_notify::notify(&[NotifyState::Ready]) {
+        warn!("cannot tell systemd that crust is ready: {e}");
+    }
 
     tokio::select! {
         res = &mut server => return res.context("gRPC server failed"),
         _ = term.recv() => info!("SIGTERM: finishing in-flight calls"),
         _ = int.recv() => info!("SIGINT: finishing in-flight calls"),
     }
+    health.stopping();
+    let _ = sd_notify::notify(&[NotifyState::Stopping]);
     let _ = stop_tx.send(());
     match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
         Ok(res) => res.context("gRPC server failed")?,
@@ -68,6 +122,21 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     daemon.lifecycle.shutdown().await;
     info!("stopped");
+    Ok(())
+}
+
+/// Writes the daemon's state to the log on every SIGUSR1 (as containerd
+/// dumps its state): at warn, so that it shows at any usual level.
+fn spawn_state_dumps(daemon: &Arc<Daemon>) -> anyhow::Result<()> {
+    let mut usr1 = signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?;
+    let daemon = Arc::downgrade(daemon);
+    tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            let Some(d) = daemon.upgrade() else { return };
+            let dump = crate::introspect::dump(&d);
+            warn!("state dump (SIGUSR1):\n{dump}");
+        }
+    });
     Ok(())
 }
 
@@ -88,6 +157,7 @@ async fn start_streaming(daemon: &Arc<Daemon>) -> anyhow::Result<()> {
     let backend = Arc::new(crate::streaming_backend::StreamingBackend::new(
         &daemon.pods,
         &daemon.containers,
+        daemon.sessions.clone(),
     ));
     let server = crust_streaming::StreamingServer::start(cfg, backend)
         .await
@@ -127,6 +197,16 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .with_context(|| format!("setting the mode of {}", path.display()))?;
     Ok(listener)
+}
+
+/// tonic reads a connection's peer (for the admin API's root check)
+/// through the adapter from the socket under it.
+impl tonic::transport::server::Connected for AuthorityFixed<tokio::net::UnixStream> {
+    type ConnectInfo = tonic::transport::server::UdsConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.get_ref().connect_info()
+    }
 }
 
 struct RemoveOnDrop(PathBuf);

@@ -43,6 +43,59 @@ const EXEC_REAP_WAIT: Duration = Duration::from_secs(5);
 pub struct StreamingBackend {
     pods: Weak<Pods>,
     containers: Weak<Containers>,
+    sessions: Arc<Sessions>,
+}
+
+/// An open exec, attach or port-forward session (metrics, state dump).
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    /// `exec`, `attach` or `port-forward`.
+    pub kind: &'static str,
+    /// The container (exec, attach) or pod sandbox (port-forward).
+    pub target: String,
+    pub started: std::time::Instant,
+}
+
+/// The sessions open now.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashMap<u64, SessionInfo>>,
+}
+
+impl Sessions {
+    /// Every open session, oldest first.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut v: Vec<SessionInfo> = self.lock().values().cloned().collect();
+        v.sort_by_key(|s| s.started);
+        v
+    }
+
+    fn open(self: &Arc<Self>, kind: &'static str, target: &str) -> SessionGuard {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().insert(
+            id,
+            SessionInfo {
+                kind,
+                target: target.to_string(),
+                started: std::time::Instant::now(),
+            },
+        );
+        SessionGuard(self.clone(), id)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, SessionInfo>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A session's entry in [`Sessions`], for as long as it runs.
+struct SessionGuard(Arc<Sessions>, u64);
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.0.lock().remove(&self.1);
+    }
 }
 
 fn shutting_down() -> BackendError {
@@ -50,10 +103,15 @@ fn shutting_down() -> BackendError {
 }
 
 impl StreamingBackend {
-    pub fn new(pods: &Arc<Pods>, containers: &Arc<Containers>) -> StreamingBackend {
+    pub fn new(
+        pods: &Arc<Pods>,
+        containers: &Arc<Containers>,
+        sessions: Arc<Sessions>,
+    ) -> StreamingBackend {
         StreamingBackend {
             pods: Arc::downgrade(pods),
             containers: Arc::downgrade(containers),
+            sessions,
         }
     }
 
@@ -77,6 +135,7 @@ impl StreamingBackend {
 impl Backend for StreamingBackend {
     fn exec(&self, req: ExecRequest, io: StreamIo) -> BoxFuture<'_, Result<i32, BackendError>> {
         Box::pin(async move {
+            let _session = self.sessions.open("exec", &req.container_id);
             let monitor = self.running_container(&req.container_id)?;
             exec(monitor, req, io).await
         })
@@ -84,6 +143,7 @@ impl Backend for StreamingBackend {
 
     fn attach(&self, req: AttachRequest, io: StreamIo) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
+            let _session = self.sessions.open("attach", &req.container_id);
             let monitor = self.running_container(&req.container_id)?;
             attach(monitor, req, io).await
         })
@@ -96,6 +156,7 @@ impl Backend for StreamingBackend {
         stream: BoxDuplex,
     ) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
+            let _session = self.sessions.open("port-forward", &pod_sandbox_id);
             let pods = self.pods.upgrade().ok_or_else(shutting_down)?;
             let pod = pods.get(&pod_sandbox_id).map_err(|e| match e {
                 PodError::NotFound(_) => {

@@ -282,7 +282,10 @@ impl DaemonBuilder {
             args.push(flag.into());
             args.push(value.into());
         }
-        args.extend(["--log-level".into(), "debug".into()]);
+        // Debug logs unless the test sets the level itself.
+        if !self.args.iter().any(|a| a == "--log-level") {
+            args.extend(["--log-level".into(), "debug".into()]);
+        }
         // The run's driver, unless this test picks one itself.
         let picks_driver = self.args.iter().any(|a| a.starts_with("--cgroup-driver"))
             || self

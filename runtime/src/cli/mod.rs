@@ -3,6 +3,8 @@
 //! these never open the store themselves).
 
 pub mod images;
+pub mod log_level;
+pub mod status;
 
 use std::path::Path;
 use std::time::Duration;

@@ -384,6 +384,7 @@ impl Containers {
             rec.reason = "StartError".into();
             rec.message = e.message().to_string();
             let _ = self.store_put(&rec).await;
+            self.emit(EventKind::Stopped, &rec);
             entry.set(rec);
             return Err(ContainerError::Internal(format!(
                 "starting container {id}: {}",

@@ -95,7 +95,7 @@ pub struct Containers {
     handlers: Arc<Handlers>,
     facts: RuntimeFacts,
     dirs: Dirs,
-    events: Events,
+    events: Events<ContainerRecord>,
 }
 
 impl Containers {
@@ -122,12 +122,12 @@ impl Containers {
     }
 
     /// Container events (GetContainerEvents).
-    pub fn events(&self) -> &Events {
+    pub fn events(&self) -> &Events<ContainerRecord> {
         &self.events
     }
 
     fn emit(&self, kind: EventKind, rec: &ContainerRecord) {
-        self.events.emit(kind, &rec.id, &rec.pod_id);
+        self.events.emit(kind, &rec.id, &rec.pod_id, rec);
     }
 
     /// The entry of a full ID or unique ID prefix; None if there is none.
@@ -153,7 +153,7 @@ impl Containers {
     /// from the monitor's exit file.
     pub fn get(&self, id: &str) -> Result<ContainerRecord, ContainerError> {
         let e = self.get_entry(id)?;
-        Ok(self.refresh(&e))
+        Ok(self.refresh_passive(&e))
     }
 
     /// The container's cgroup (where its stats are), if it has one.

@@ -17,8 +17,22 @@ use crate::index::Entry;
 use crate::tasks::blocking;
 
 impl Containers {
+    /// [`Containers::refresh`] for readers that hold no life-cycle step
+    /// (status, the exit watcher): while a step (start, stop, update,
+    /// remove) holds the container, that step reads the exit itself, so a
+    /// container's changes, and their events, come in the order of its
+    /// steps (no STOPPED before the STARTED of a container that exits at
+    /// once).
+    pub(super) fn refresh_passive(&self, entry: &Arc<Entry<ContainerRecord>>) -> ContainerRecord {
+        match entry.try_lock() {
+            Some(_op) => self.refresh(entry),
+            None => entry.snapshot(),
+        }
+    }
+
     /// Reads the exit file of a created or running container; persists and
-    /// reports the change once.
+    /// reports the change once. Callers hold the container's life-cycle
+    /// lock (see [`Containers::refresh_passive`]).
     pub(super) fn refresh(&self, entry: &Entry<ContainerRecord>) -> ContainerRecord {
         let mut rec = entry.snapshot();
         if !rec.state.is_live() {
@@ -76,7 +90,7 @@ impl Containers {
                 continue;
             }
             let entry = self.index.publish(&rec.id.clone(), rec.name_key(), rec);
-            let mut rec = self.refresh(&entry);
+            let mut rec = self.refresh_passive(&entry);
             if rec.state == ContainerState::Created
                 && self.host.monitor_status(&rec.state_dir).await == Some(Status::Running)
             {
@@ -149,7 +163,7 @@ impl Containers {
                 let Ok(Some(entry)) = cs.resolve(&id) else {
                     return;
                 };
-                if !cs.refresh(&entry).state.is_live() {
+                if !cs.refresh_passive(&entry).state.is_live() {
                     return;
                 }
                 drop(cs);

@@ -252,7 +252,9 @@ pub fn watch_exits(nri: Nri, pods: &Arc<Pods>, containers: &Arc<Containers>) {
     if !nri.is_enabled() {
         return;
     }
-    let mut events = containers.events().subscribe();
+    // Live changes only: plugins learn the state recovery found when they
+    // synchronize, not as a replay of its events.
+    let mut events = containers.events().subscribe().live;
     let (pods, containers) = (Arc::downgrade(pods), Arc::downgrade(containers));
     tokio::spawn(async move {
         loop {

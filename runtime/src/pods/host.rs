@@ -126,9 +126,14 @@ pub trait PodHost: Send + Sync + 'static {
     fn remove_empty_dir(&self, dir: &Path) -> Result<(), PodError>;
 }
 
+/// Told of every CNI ADD (`true`) and DEL, whether it succeeded and how
+/// long it took (the daemon's metrics).
+pub type CniObserver = Arc<dyn Fn(bool, bool, std::time::Duration) + Send + Sync>;
+
 /// The node itself.
 pub struct RealPodHost {
     cni: Cni,
+    cni_observer: Option<CniObserver>,
     cni_conf_dir: PathBuf,
     cgroups: Arc<NodeCgroups>,
     launcher: Launcher,
@@ -150,12 +155,24 @@ impl RealPodHost {
     ) -> RealPodHost {
         RealPodHost {
             cni,
+            cni_observer: None,
             cni_conf_dir,
             cgroups,
             launcher,
             handlers,
             runtime_facts,
             root,
+        }
+    }
+
+    pub fn with_cni_observer(mut self, observer: CniObserver) -> RealPodHost {
+        self.cni_observer = Some(observer);
+        self
+    }
+
+    fn observe_cni(&self, add: bool, ok: bool, started: std::time::Instant) {
+        if let Some(f) = &self.cni_observer {
+            f(add, ok, started.elapsed());
         }
     }
 }
@@ -299,7 +316,10 @@ impl PodHost for RealPodHost {
         net: &NetworkConfigList,
         att: &Attachment,
     ) -> Result<CniAdded, CniAddFailed> {
-        match self.cni.add(net, att).await {
+        let started = std::time::Instant::now();
+        let result = self.cni.add(net, att).await;
+        self.observe_cni(true, result.is_ok(), started);
+        match result {
             Ok(added) => Ok(CniAdded {
                 ips: added.pod_ips(&att.ifname),
                 raw: added.raw,
@@ -319,10 +339,10 @@ impl PodHost for RealPodHost {
         att: &Attachment,
         prev_result: Option<&Value>,
     ) -> Result<(), PodError> {
-        self.cni
-            .del(net, att, prev_result)
-            .await
-            .map_err(|e| PodError::internal("tearing down the pod network (CNI DEL)", e))
+        let started = std::time::Instant::now();
+        let result = self.cni.del(net, att, prev_result).await;
+        self.observe_cni(false, result.is_ok(), started);
+        result.map_err(|e| PodError::internal("tearing down the pod network (CNI DEL)", e))
     }
 
     async fn start_pause(

@@ -1,11 +1,13 @@
-//! crust's private admin API (`crust.admin.v1.Images`) for the `crust
-//! images` commands: what CRI cannot carry (pull progress, offline import,
-//! prune). Served on the CRI socket, so it is as private as the CRI is.
+//! crust's private admin API on the CRI socket (as private as the CRI is):
+//! `crust.admin.v1.Images` for the `crust images` commands, what CRI
+//! cannot carry (pull progress, offline import, prune); the operator's
+//! `crust.admin.v1.Daemon` is in `operator`.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crust_api::admin::v1::images_server::Images;
 use crust_api::admin::v1::*;
@@ -16,21 +18,36 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use super::ResponseStream;
-use super::image::image_error;
+use super::image::{PulledBytes, image_error};
 use crate::daemon::Daemon;
+use crate::logging::LogControl;
+use crate::metrics::health::Health;
 
 /// At most this often per blob a progress message goes out (its last one,
 /// complete, always does).
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
+/// What the admin service needs beyond the daemon's parts.
+pub struct Operator {
+    pub log: LogControl,
+    pub health: Arc<Health>,
+    /// Where `/metrics` is served; None when off.
+    pub metrics_address: Option<SocketAddr>,
+    pub started_at: SystemTime,
+}
+
 #[derive(Clone)]
 pub struct Admin {
-    daemon: Arc<Daemon>,
+    pub(super) daemon: Arc<Daemon>,
+    pub(super) ops: Arc<Operator>,
 }
 
 impl Admin {
-    pub fn new(daemon: Arc<Daemon>) -> Admin {
-        Admin { daemon }
+    pub fn new(daemon: Arc<Daemon>, ops: Operator) -> Admin {
+        Admin {
+            daemon,
+            ops: Arc::new(ops),
+        }
     }
 }
 
@@ -46,19 +63,24 @@ impl Images for Admin {
         }
         let creds = credentials(req.auth);
         let (tx, rx) = mpsc::unbounded_channel();
-        let progress = throttled(tx.clone());
+        let bytes = PulledBytes::default();
+        let progress = bytes.counter(Some(throttled(tx.clone())));
         let images = self.daemon.images.clone();
+        let metrics = self.daemon.metrics.clone();
         info!(image = %reference, "pulling image (admin)");
         tokio::spawn(async move {
+            let started = Instant::now();
             let pull = images.pull_with_progress(&reference, &creds, Some(progress));
             // The client going away (Ctrl-C) cancels the pull.
             let result = tokio::select! {
                 r = pull => r,
                 () = tx.closed() => {
                     info!(image = %reference, "pull cancelled by the client");
+                    metrics.image_pull(false, bytes.total(), started.elapsed());
                     return;
                 }
             };
+            metrics.image_pull(result.is_ok(), bytes.total(), started.elapsed());
             let last = match result {
                 Ok(image) => Ok(PullProgress {
                     event: Some(pull_progress::Event::Image(image_info(&image))),

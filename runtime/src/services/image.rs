@@ -20,13 +20,43 @@ use std::time::Instant;
 
 use crust_api::v1::image_service_server::ImageService;
 use crust_api::v1::*;
-use crust_image::{Credentials, ErrorKind, FsUsage, Reference, image_user};
+use crust_image::{Credentials, ErrorKind, FsUsage, Progress, ProgressFn, Reference, image_user};
 use tonic::{Code, Request, Response, Status};
 use tracing::{info, warn};
 
 use super::{Cri, ResponseStream, bounds};
 use crate::clock::now_ns;
 use crust_quote::quote;
+
+/// The bytes a pull downloads, for the metrics: the last progress of
+/// every blob fetched (blobs already in the store count nothing).
+#[derive(Default, Clone)]
+pub(super) struct PulledBytes(std::sync::Arc<std::sync::Mutex<HashMap<String, u64>>>);
+
+impl PulledBytes {
+    /// A progress callback that counts, then hands on to `forward`.
+    pub(super) fn counter(&self, forward: Option<ProgressFn>) -> ProgressFn {
+        let this = self.clone();
+        std::sync::Arc::new(move |p: Progress| {
+            if !p.present {
+                let mut seen = this.0.lock().unwrap_or_else(|e| e.into_inner());
+                let done = seen.entry(p.digest.to_string()).or_default();
+                *done = (*done).max(p.done);
+            }
+            if let Some(f) = &forward {
+                f(p);
+            }
+        })
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum()
+    }
+}
 
 #[tonic::async_trait]
 impl ImageService for Cri {
@@ -97,16 +127,20 @@ impl ImageService for Cri {
         // Never the credentials themselves: only which kind was given.
         info!(image = %reference, auth = auth_kind(&creds), "pulling image");
         let started = Instant::now();
+        let bytes = PulledBytes::default();
         crate::crash::point("image.pull.begun");
-        let image = self
+        let result = self
             .daemon
             .images
-            .pull(&reference, &creds)
-            .await
-            .map_err(|e| {
-                warn!(image = %reference, error = %e, "pull failed");
-                image_error(&format!("pulling image {}", quote(&reference)), e)
-            })?;
+            .pull_with_progress(&reference, &creds, Some(bytes.counter(None)))
+            .await;
+        self.daemon
+            .metrics
+            .image_pull(result.is_ok(), bytes.total(), started.elapsed());
+        let image = result.map_err(|e| {
+            warn!(image = %reference, error = %e, "pull failed");
+            image_error(&format!("pulling image {}", quote(&reference)), e)
+        })?;
         crate::crash::point("image.pull.done");
         info!(
             image = %reference,

@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 use super::{Cri, ResponseStream, batched, internal};
 use crate::clock::now_ns;
-use crate::metrics::{self, ContainerSample, PodSample};
+use crate::pod_metrics::{self, ContainerSample, PodSample};
 use crate::pods::{ListFilter, PodState};
 
 /// The labels of every series, in this order.
@@ -667,7 +667,7 @@ impl Cri {
         let containers = d.containers.list();
         tokio::task::spawn_blocking(move || {
             let at = now_ns();
-            metrics::sample(
+            pod_metrics::sample(
                 &d.stats,
                 &|c| d.containers.cgroup_of(c).map(|cg| cg.path().clone()),
                 pods,

@@ -10,6 +10,7 @@ mod container;
 mod events;
 mod image;
 mod metrics;
+mod operator;
 mod pod;
 mod runtime;
 mod stats;
@@ -26,7 +27,7 @@ use crate::containers::ContainerError;
 use crate::daemon::Daemon;
 use crate::pods::PodError;
 
-pub use admin::Admin;
+pub use admin::{Admin, Operator};
 
 /// Implements both `RuntimeService` and `ImageService` of CRI v1.
 #[derive(Clone)]

@@ -9,7 +9,7 @@ use super::container::{labels_match, metadata};
 use super::{Cri, container_error, internal, map, pod_error};
 use crate::clock::now_ns;
 use crate::containers::{ContainerRecord, ContainerState as CState};
-use crate::metrics;
+use crate::pod_metrics;
 use crate::pods::{ListFilter, PodRecord, PodState};
 use crate::stats::{self, Usage};
 use crust_linux::netstats::InterfaceStats;
@@ -98,7 +98,7 @@ impl Cri {
     }
 
     /// Blocking, as [`Cri::stats_of`]. `network`: the interfaces of the
-    /// pod's network namespace (see [`metrics::read_networks`]).
+    /// pod's network namespace (see [`pod_metrics::read_networks`]).
     fn pod_stats_of(
         &self,
         pod: &PodRecord,
@@ -159,7 +159,7 @@ impl Cri {
         let pod = self.daemon.pods.get(&id).map_err(pod_error)?;
         let this = self.clone();
         let stats = tokio::task::spawn_blocking(move || {
-            let network = metrics::read_networks(&[netns(&pod)]).pop().flatten();
+            let network = pod_metrics::read_networks(&[netns(&pod)]).pop().flatten();
             this.pod_stats_of(&pod, network)
         })
         .await
@@ -189,7 +189,7 @@ impl Cri {
         let stats = tokio::task::spawn_blocking(move || {
             // One namespace-visiting thread for all pods.
             let netns: Vec<_> = pods.iter().map(netns).collect();
-            let networks = metrics::read_networks(&netns);
+            let networks = pod_metrics::read_networks(&netns);
             pods.iter()
                 .zip(networks)
                 .map(|(p, n)| this.pod_stats_of(p, n))
@@ -222,7 +222,7 @@ fn network_usage(ifaces: &[InterfaceStats], now: i64) -> NetworkUsage {
     };
     NetworkUsage {
         timestamp: now,
-        default_interface: metrics::default_interface(ifaces).map(usage),
+        default_interface: pod_metrics::default_interface(ifaces).map(usage),
         interfaces: ifaces.iter().map(usage).collect(),
     }
 }
