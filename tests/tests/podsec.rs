@@ -33,10 +33,7 @@ fn base_image() -> TestImage {
             "etc/passwd",
             b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n",
         )
-        .file(
-            "etc/group",
-            b"root:x:0:\napp:x:1000:\nextra:x:50000:app\n",
-        )
+        .file("etc/group", b"root:x:0:\napp:x:1000:\nextra:x:50000:app\n")
         .dir("tmp/")
         .dir("data/")
         .finish();
@@ -50,8 +47,7 @@ fn base_image() -> TestImage {
 struct Env {
     // Field order = drop order: the daemon (which removes its pods) first.
     d: Daemon,
-    _reg: Registry,
-    reg_host: String,
+    reg: Registry,
     image: String,
     rt: Rt,
     ic: Ic,
@@ -60,18 +56,19 @@ struct Env {
 
 async fn env_with(builder: DaemonBuilder) -> Env {
     let reg = Registry::start();
-    Pusher::new(&reg).image("test/base", "v1", &base_image()).await;
+    Pusher::new(&reg)
+        .image("test/base", "v1", &base_image())
+        .await;
     let d = builder.start().await;
     let image = format!("{}/test/base:v1", reg.host);
     let mut ic = d.image_v1().await;
     pull(&mut ic, &image).await;
     let rt = d.runtime_v1().await;
     Env {
-        reg_host: reg.host.clone(),
         rt,
         ic,
         d,
-        _reg: reg,
+        reg,
         image,
         logs: tempfile::tempdir().unwrap(),
     }
@@ -122,7 +119,11 @@ impl Env {
         }
     }
 
-    async fn try_pod(&mut self, config: v1::PodSandboxConfig, handler: &str) -> Result<Pod, Status> {
+    async fn try_pod(
+        &mut self,
+        config: v1::PodSandboxConfig,
+        handler: &str,
+    ) -> Result<Pod, Status> {
         let id = self
             .rt
             .run_pod_sandbox(v1::RunPodSandboxRequest {
@@ -259,7 +260,10 @@ impl Env {
     }
 
     fn assert_clean(&self) {
-        assert_eq!(mounts_under(&self.d.run_dir), Vec::<std::path::PathBuf>::new());
+        assert_eq!(
+            mounts_under(&self.d.run_dir),
+            Vec::<std::path::PathBuf>::new()
+        );
     }
 }
 
@@ -283,7 +287,11 @@ async fn supplemental_groups_policy(handler: &str) {
     );
     let pod = e.pod("sgp", handler).await;
     for (name, policy, want) in [
-        ("merge", v1::SupplementalGroupsPolicy::Merge, "1000 1234 50000"),
+        (
+            "merge",
+            v1::SupplementalGroupsPolicy::Merge,
+            "1000 1234 50000",
+        ),
         ("strict", v1::SupplementalGroupsPolicy::Strict, "1000 1234"),
     ] {
         let mut c = e.container(name);
@@ -293,19 +301,34 @@ async fn supplemental_groups_policy(handler: &str) {
         sc.supplemental_groups = vec![1234];
         sc.supplemental_groups_policy = policy as i32;
         let id = e.run(&pod, c).await;
-        assert_eq!(e.first_log_line(&pod, name).await, want, "{name}: first process");
+        assert_eq!(
+            e.first_log_line(&pod, name).await,
+            want,
+            "{name}: first process"
+        );
         let (_, out, _) = e.exec(&id, &["id", "-G"]).await;
         assert_eq!(out.trim(), want, "{name}: exec'd process");
         let pid = e.pid_of(&id).await;
         let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let groups = st.lines().find(|l| l.starts_with("Groups:")).unwrap();
-        assert_eq!(groups.split_whitespace().skip(1).collect::<Vec<_>>().join(" "), want);
+        assert_eq!(
+            groups
+                .split_whitespace()
+                .skip(1)
+                .collect::<Vec<_>>()
+                .join(" "),
+            want
+        );
         let (st, _) = e.status(&id).await;
         let u = st.user.unwrap().linux.unwrap();
         let mut groups = u.supplemental_groups.clone();
         groups.sort();
         let want: Vec<i64> = want.split(' ').map(|g| g.parse().unwrap()).collect();
-        assert_eq!((u.uid, u.gid, groups), (1000, 1000, want), "{name}: status.user");
+        assert_eq!(
+            (u.uid, u.gid, groups),
+            (1000, 1000, want),
+            "{name}: status.user"
+        );
     }
     let mut c = e.container("bad");
     c.linux
@@ -333,4 +356,191 @@ async fn supplemental_groups_policy_embedded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn supplemental_groups_policy_runc() {
     supplemental_groups_policy("runc").await;
+}
+
+// ---------------------------------------------------------------------------
+// Image volumes
+
+/// A two-layer "artifact" (the second layer overrides a file of the first)
+/// with symlinks that point up and out, and a one-layer one.
+fn artifact_images() -> (TestImage, TestImage) {
+    let bottom = LayerTar::new()
+        .dir("data/")
+        .dir("data/sub/")
+        .file("data/sub/file", b"from layer 1\n")
+        .file("data/top", b"top\n")
+        .finish();
+    let top = LayerTar::new()
+        .dir("data/")
+        .dir("data/sub/")
+        .file("data/sub/file", b"from layer 2\n")
+        .symlink("data/up", "../../../../../etc")
+        .symlink("data/abs", "/data/sub")
+        .finish();
+    let two = build(ImageSpec {
+        layers: vec![gzip(&bottom), gzip(&top)],
+        ..ImageSpec::default()
+    });
+    let one = build(ImageSpec {
+        layers: vec![gzip(&LayerTar::new().file("only", b"one layer\n").finish())],
+        ..ImageSpec::default()
+    });
+    (two, one)
+}
+
+fn image_volume(path: &str, image: &str, sub: &str) -> v1::Mount {
+    v1::Mount {
+        container_path: path.into(),
+        image: Some(v1::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        image_sub_path: sub.into(),
+        // Asked writable: mounted read-only all the same.
+        readonly: false,
+        ..Default::default()
+    }
+}
+
+async fn image_volumes(handler: &str) {
+    let mut e = env().await;
+    let (two, one) = artifact_images();
+    let reg = Pusher::new(&e.reg);
+    reg.image("test/artifact", "v1", &two).await;
+    reg.image("test/one", "v1", &one).await;
+    let two_ref = format!("{}/test/artifact:v1", e.reg.host);
+    let one_ref = format!("{}/test/one:v1", e.reg.host);
+    let two_id = pull(&mut e.ic, &two_ref).await;
+    pull(&mut e.ic, &one_ref).await;
+    assert_eq!(two_id, two.id());
+    let pod = e.pod("imgvol", handler).await;
+
+    let mut c = e.container("reader");
+    c.mounts = vec![
+        image_volume("/vol", &two_ref, ""),
+        image_volume("/sub", &two_ref, "data/sub"),
+        // An absolute symlink is read inside the image.
+        image_volume("/abs", &two_ref, "data/abs"),
+        image_volume("/one", &one_ref, ""),
+    ];
+    let id = e.run(&pod, c).await;
+    let (code, out) = e
+        .sh(
+            &id,
+            "cat /vol/data/sub/file /vol/data/top /sub/file /abs/file /one/only",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out,
+        "from layer 2\ntop\nfrom layer 2\nfrom layer 2\none layer\n"
+    );
+    for dir in ["/vol", "/sub", "/one"] {
+        let (code, out) = e.sh(&id, &format!("touch {dir}/new && echo WROTE")).await;
+        assert!(
+            code != 0 && !out.contains("WROTE"),
+            "{dir} is read-only: {out}"
+        );
+    }
+    let (st, _) = e.status(&id).await;
+    let m = &st.mounts[0];
+    let img = m.image.as_ref().unwrap();
+    assert_eq!(
+        (img.image.as_str(), img.image_ref.as_str()),
+        (two_id.as_str(), two_id.as_str())
+    );
+    assert_eq!(img.user_specified_image, two_ref);
+    assert!(m.readonly, "{m:?}");
+    // The image status kubelet asks for with that digest.
+    let found =
+        e.ic.image_status(v1::ImageStatusRequest {
+            image: Some(v1::ImageSpec {
+                image: img.image.clone(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .image
+        .unwrap();
+    assert_eq!(found.id, two_id);
+
+    // The image cannot go while the container uses it.
+    let err =
+        e.ic.remove_image(v1::RemoveImageRequest {
+            image: Some(v1::ImageSpec {
+                image: two_ref.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("image volume"), "{err}");
+
+    // Refusals, each leaving nothing behind.
+    let before = mounts_under(&e.d.run_dir).len();
+    let cases: Vec<(v1::Mount, Code, &str)> = vec![
+        (
+            image_volume("/x", &two_ref, "../etc"),
+            Code::InvalidArgument,
+            "config.mounts[0].image_sub_path",
+        ),
+        (
+            image_volume("/x", &two_ref, "/data"),
+            Code::InvalidArgument,
+            "config.mounts[0].image_sub_path",
+        ),
+        // A symlink pointing up ends at the image's root: no /etc there.
+        (
+            image_volume("/x", &two_ref, "data/up"),
+            Code::InvalidArgument,
+            "config.mounts[0].image_sub_path",
+        ),
+        (
+            image_volume("/x", &two_ref, "data/missing"),
+            Code::InvalidArgument,
+            "config.mounts[0].image_sub_path",
+        ),
+        (
+            image_volume("/x", &format!("{}/test/absent:v1", e.reg.host), ""),
+            Code::NotFound,
+            "config.mounts[0].image",
+        ),
+    ];
+    for (i, (m, code, field)) in cases.into_iter().enumerate() {
+        let mut c = e.container(&format!("bad{i}"));
+        c.mounts = vec![m];
+        let err = e.create(&pod, c).await.unwrap_err();
+        assert_eq!((err.code(), field_of(&err)), (code, field), "{err}");
+    }
+    assert_eq!(
+        mounts_under(&e.d.run_dir).len(),
+        before,
+        "a refused create leaves no mount"
+    );
+
+    e.remove_pod(&pod).await;
+    e.assert_clean();
+    // Released with the container: now it can be removed.
+    e.ic.remove_image(v1::RemoveImageRequest {
+        image: Some(v1::ImageSpec {
+            image: two_ref.clone(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_volumes_embedded() {
+    image_volumes("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_volumes_runc() {
+    image_volumes("runc").await;
 }

@@ -26,8 +26,11 @@
 //!   does not support).
 //! - The default seccomp profile is stricter than moby's (see [`seccomp`]).
 //! - Ambient capabilities are also added to the other four sets.
+//! - Image volume mounts are the caller's to resolve: the daemon mounts the
+//!   image read-only and passes a read-only bind mount of it; an unresolved
+//!   `mounts[].image` is refused.
 //! - Not implemented, rejected with a clear error: user namespaces, id-mapped
-//!   mounts, image volume mounts, CDI devices, AppArmor Localhost profiles.
+//!   mounts, CDI devices, AppArmor Localhost profiles.
 //!   Ignored: SELinux options and relabelling (no SELinux on crust hosts),
 //!   AppArmor RuntimeDefault (no AppArmor), image `Volumes` (no anonymous
 //!   volumes: the directories already exist in the image, as with CRI-O's

@@ -22,6 +22,8 @@ use crate::launch::{Launch, LaunchError, Launcher};
 use crate::monitor::{self, Monitor};
 use crate::node::NodeHost;
 
+/// Where a container's image volumes are mounted, in its state dir.
+const IMAGE_VOLUMES: &str = "image-volumes";
 /// Largest /etc/passwd or /etc/group read from an image.
 const MAX_ETC_FILE: u64 = 4 << 20;
 /// How long a SIGKILLed container may take to be reaped.
@@ -77,6 +79,21 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// ignored: usually there is nothing.
     fn delete_runtime_state(&self, rec: &ContainerRecord);
     fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError>;
+    /// Mounts image volume `config.mounts[index]`: the read-only overlay of
+    /// `lowers` (bottom first) under the container's state dir; returns the
+    /// host path of `sub_path` resolved inside it (never outside: `..` and
+    /// symlinks stop at the image's root). A sub path that is not in the
+    /// image is InvalidArgument naming `image_sub_path`. Blocking.
+    fn mount_image_volume(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        lowers: &[PathBuf],
+        sub_path: &str,
+    ) -> Result<PathBuf, ContainerError>;
+    /// Unmounts every image volume of the container (none is no error).
+    /// Blocking.
+    fn unmount_image_volumes(&self, rec: &ContainerRecord) -> Result<(), ContainerError>;
     /// Removes a dir and everything in it (never through a mount: the
     /// rootfs is unmounted first); a missing one is no error.
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError>;
@@ -274,6 +291,49 @@ impl ContainerHost for RealContainerHost {
 
     fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError> {
         crust_linux::mounts::unmount(rootfs).map_err(ContainerError::internal)
+    }
+
+    fn mount_image_volume(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        lowers: &[PathBuf],
+        sub_path: &str,
+    ) -> Result<PathBuf, ContainerError> {
+        let dir = rec.state_dir.join(IMAGE_VOLUMES);
+        let empty = dir.join("empty");
+        let target = dir.join(index.to_string());
+        mkdir(&empty, 0o755)?;
+        mkdir(&target, 0o755)?;
+        crust_linux::mounts::mount_overlay_readonly(lowers, &empty, &target)
+            .map_err(ContainerError::internal)?;
+        crust_linux::mounts::resolve_in_root(&target, sub_path).map_err(|e| {
+            if e.is_invalid_argument() {
+                ContainerError::InvalidArgument(format!(
+                    "config.mounts[{index}].image_sub_path: {e}"
+                ))
+            } else {
+                ContainerError::internal(e)
+            }
+        })
+    }
+
+    fn unmount_image_volumes(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        let dir = rec.state_dir.join(IMAGE_VOLUMES);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => {
+                return Err(ContainerError::Internal(format!(
+                    "reading {}: {e}",
+                    dir.display()
+                )));
+            }
+        };
+        for entry in entries.flatten() {
+            crust_linux::mounts::unmount(&entry.path()).map_err(ContainerError::internal)?;
+        }
+        Ok(())
     }
 
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError> {

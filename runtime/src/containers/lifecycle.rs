@@ -30,6 +30,14 @@ use crate::index::{Entry, ReserveError};
 use crate::launch::Launch;
 use crate::tasks::blocking;
 
+/// An image volume of a new container: its mount's index, the image and
+/// the leased layers (bottom first).
+struct ImageVolume {
+    index: usize,
+    image_id: String,
+    lowers: Vec<PathBuf>,
+}
+
 /// How long the monitor may take to create a container.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -116,6 +124,7 @@ impl Containers {
                 .map(|r| hex::encode(r.encode_to_vec())),
             stop_signal: libc::SIGTERM,
             pid: 0,
+            image_volumes: Default::default(),
         };
         if let Err(e) = self.store_put(&rec).await {
             self.index.release(&key);
@@ -151,6 +160,11 @@ impl Containers {
             .lease(&rec.id, &image.id)
             .await
             .map_err(|e| ContainerError::NotFound(format!("image {:?}: {e}", rec.image)))?;
+        let volumes = self.lease_image_volumes(rec, config).await?;
+        let volume_ids = volumes
+            .iter()
+            .map(|v| (v.index, v.image_id.clone()))
+            .collect();
         let target_pid_ns = self.target_pid_ns(config, &pod.id)?;
         let runtime_facts = crust_oci::RuntimeFacts {
             rro_supported: self
@@ -164,6 +178,18 @@ impl Containers {
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
             blocking(move || -> Result<Built, ContainerError> {
                 host.prepare_rootfs(&r, &lowers)?;
+                // Image volumes become read-only bind mounts of the image's
+                // own read-only mount (at the sub path resolved inside it).
+                let mut config = config;
+                for v in &volumes {
+                    let m = &mut config.mounts[v.index];
+                    let source =
+                        host.mount_image_volume(&r, v.index, &v.lowers, &m.image_sub_path)?;
+                    m.host_path = source.display().to_string();
+                    m.readonly = true;
+                    m.image = None;
+                    m.image_sub_path.clear();
+                }
                 let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
                 let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;
                 let parts = Parts {
@@ -202,8 +228,51 @@ impl Containers {
             .await?;
         rec.user = Some(built.user);
         rec.stop_signal = built.stop_signal;
+        rec.image_volumes = volume_ids;
         rec.pid = pid;
         Ok(())
+    }
+
+    /// Leases the image of every image volume (`config.mounts[i].image`)
+    /// for the container, so it is neither removed nor collected while the
+    /// container exists; returns their layers. An image that is not there
+    /// is NotFound naming the mount (kubelet pulls it first).
+    async fn lease_image_volumes(
+        &self,
+        rec: &ContainerRecord,
+        config: &ContainerConfig,
+    ) -> Result<Vec<ImageVolume>, ContainerError> {
+        let mut out = Vec::new();
+        for (index, m) in config.mounts.iter().enumerate() {
+            let Some(reference) = m.image.as_ref().map(|i| i.image.as_str()) else {
+                continue;
+            };
+            if reference.is_empty() {
+                continue;
+            }
+            let field = format!("config.mounts[{index}].image");
+            let image = self
+                .images
+                .resolve(reference)
+                .map_err(|e| ContainerError::InvalidArgument(format!("{field}: {e}")))?
+                .ok_or_else(|| {
+                    ContainerError::NotFound(format!(
+                        "{field}: image {:?} not found (pull it first)",
+                        reference.chars().take(256).collect::<String>()
+                    ))
+                })?;
+            let lowers = self
+                .images
+                .lease_volume(&rec.id, index, &image.id)
+                .await
+                .map_err(|e| ContainerError::NotFound(format!("{field}: {e}")))?;
+            out.push(ImageVolume {
+                index,
+                image_id: image.id,
+                lowers,
+            });
+        }
+        Ok(out)
     }
 
     /// pid mode TARGET: the PID namespace of another running container of
@@ -508,6 +577,7 @@ impl Containers {
             }
             host.delete_runtime_state(&rec);
             host.unmount_rootfs(&rec.rootfs)?;
+            host.unmount_image_volumes(&rec)?;
             host.remove_tree(&rec.state_dir)?;
             host.remove_tree(&rec.layer_dir)
         })

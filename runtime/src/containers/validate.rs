@@ -19,7 +19,49 @@ pub fn checked_config(config: Option<ContainerConfig>) -> Result<ContainerConfig
         .ok_or_else(|| invalid("config.metadata: required".into()))?;
     check_name("config.metadata.name", &md.name)?;
     check_log_path(&config.log_path)?;
+    check_image_volumes(&config)?;
     Ok(config)
+}
+
+/// Image volumes (`mounts[i].image`): no host path besides the image, and a
+/// relative `image_sub_path` without `..` (symlinks in it are resolved
+/// inside the image when it is mounted).
+fn check_image_volumes(config: &ContainerConfig) -> Result<(), ContainerError> {
+    for (i, m) in config.mounts.iter().enumerate() {
+        let image = m.image.as_ref().is_some_and(|img| !img.image.is_empty());
+        let sub = &m.image_sub_path;
+        let bad =
+            |field: &str, why: &str| Err(invalid(format!("config.mounts[{i}].{field}: {why}")));
+        if !image {
+            if !sub.is_empty() {
+                return bad("image_sub_path", "needs an image volume (image)");
+            }
+            continue;
+        }
+        if !m.host_path.is_empty() {
+            return bad("host_path", "must be empty for an image volume");
+        }
+        let quoted: String = sub.chars().take(256).collect();
+        if sub.contains('\0') {
+            return bad("image_sub_path", "contains NUL");
+        }
+        if sub.starts_with('/') {
+            return bad(
+                "image_sub_path",
+                &format!("{quoted:?} must be relative to the image's root"),
+            );
+        }
+        if sub.split('/').any(|c| c == "..") {
+            return bad(
+                "image_sub_path",
+                &format!("{quoted:?} must not contain '..' components"),
+            );
+        }
+        if sub.len() > 4096 {
+            return bad("image_sub_path", "is too long");
+        }
+    }
+    Ok(())
 }
 
 /// `config.image.image`, which CreateContainer needs.
@@ -129,6 +171,48 @@ mod tests {
         assert!(checked_config(config("web", &long)).is_err());
         assert!(checked_config(config("web", "")).is_ok());
         assert!(checked_config(config("web", "web_0/0.log")).is_ok());
+    }
+
+    #[test]
+    fn image_volumes_name_an_image_and_stay_inside_it() {
+        use crust_api::v1::Mount;
+        let with = |m: Mount| {
+            let mut c = config("web", "").unwrap();
+            c.mounts = vec![Mount::default(), m];
+            checked_config(Some(c))
+        };
+        let image = || {
+            Some(ImageSpec {
+                image: "registry/artifact:1".into(),
+                ..Default::default()
+            })
+        };
+        let vol = |sub: &str| Mount {
+            container_path: "/vol".into(),
+            image: image(),
+            image_sub_path: sub.into(),
+            ..Default::default()
+        };
+        for ok in ["", "dir", "a/b/c", "a/./b"] {
+            assert!(with(vol(ok)).is_ok(), "{ok:?}");
+        }
+        for bad in ["/etc", "..", "a/../../b", "a/..", "a\0b"] {
+            let e = with(vol(bad)).unwrap_err();
+            assert_eq!(field_of(e), "config.mounts[1].image_sub_path", "{bad:?}");
+        }
+        let mut m = vol("");
+        m.host_path = "/etc".into();
+        assert_eq!(field_of(with(m).unwrap_err()), "config.mounts[1].host_path");
+        let m = Mount {
+            container_path: "/x".into(),
+            host_path: "/tmp".into(),
+            image_sub_path: "a".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(with(m).unwrap_err()),
+            "config.mounts[1].image_sub_path"
+        );
     }
 
     #[test]

@@ -302,6 +302,24 @@ impl ContainerHost for FakeContainerHost {
         Ok(())
     }
 
+    fn mount_image_volume(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        _lowers: &[PathBuf],
+        sub_path: &str,
+    ) -> Result<PathBuf, ContainerError> {
+        Ok(rec
+            .state_dir
+            .join("image-volumes")
+            .join(index.to_string())
+            .join(sub_path))
+    }
+
+    fn unmount_image_volumes(&self, _rec: &ContainerRecord) -> Result<(), ContainerError> {
+        Ok(())
+    }
+
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError> {
         let mut n = self.state();
         if n.mounted.contains(&id_of(dir)) {
