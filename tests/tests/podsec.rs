@@ -544,3 +544,155 @@ async fn image_volumes_embedded() {
 async fn image_volumes_runc() {
     image_volumes("runc").await;
 }
+
+// ---------------------------------------------------------------------------
+// User namespaces
+
+const USERNS_HOST_ID: u32 = 200_000;
+
+fn userns_pod(
+    e: &Env,
+    name: &str,
+    uids: Vec<v1::IdMapping>,
+    mode: v1::NamespaceMode,
+) -> v1::PodSandboxConfig {
+    let mut config = e.pod_config(name);
+    let ns = config
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap();
+    ns.network = v1::NamespaceMode::Pod as i32;
+    ns.userns_options = Some(v1::UserNamespace {
+        mode: mode as i32,
+        uids: uids.clone(),
+        gids: uids,
+    });
+    config
+}
+
+fn mapping(container_id: u32, host_id: u32, length: u32) -> v1::IdMapping {
+    v1::IdMapping {
+        container_id,
+        host_id,
+        length,
+    }
+}
+
+async fn user_namespaces(handler: &str) {
+    let mut e = env().await;
+    let status =
+        e.rt.status(v1::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner();
+    let h = status
+        .runtime_handlers
+        .iter()
+        .find(|h| h.name == handler)
+        .unwrap();
+    assert!(h.features.unwrap().user_namespaces, "{h:?}");
+
+    let good = vec![mapping(0, USERNS_HOST_ID, 65536)];
+    let config = userns_pod(&e, "userns", good.clone(), v1::NamespaceMode::Pod);
+    let pod = e
+        .try_pod(config, handler)
+        .await
+        .unwrap_or_else(|err| panic!("RunPodSandbox: {err}"));
+    let mut c = e.container("main");
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options = pod
+        .1
+        .linux
+        .as_ref()
+        .unwrap()
+        .security_context
+        .as_ref()
+        .unwrap()
+        .namespace_options
+        .clone();
+    let id = e.run(&pod, c).await;
+    let (_, out, _) = e.exec(&id, &["cat", "/proc/self/uid_map"]).await;
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields, ["0", "200000", "65536"], "{out}");
+    let (_, out, _) = e.exec(&id, &["id", "-u"]).await;
+    assert_eq!(out.trim(), "0");
+    // Root inside owns its rootfs (id-mapped layers, the writable layer
+    // given to the mapped root): it can write, and the host sees the
+    // mapped uid.
+    let (code, out) = e
+        .sh(&id, "echo hi > /tmp/written && ls -ln /tmp/written")
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let pid = e.pid_of(&id).await;
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
+    assert_eq!(
+        map.split_whitespace().collect::<Vec<_>>(),
+        ["0", "200000", "65536"]
+    );
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid_line = st.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(uid_line.contains("200000"), "{uid_line}");
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(format!("/proc/{pid}/root/tmp/written")).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (USERNS_HOST_ID, USERNS_HOST_ID));
+    }
+    // The pod's /etc files and /proc work from inside.
+    let (code, out) = e
+        .sh(
+            &id,
+            "cat /etc/hostname && cat /proc/self/status | grep -c Uid",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("host-userns"), "{out}");
+
+    // Refusals name the field and leave nothing behind.
+    const F: &str = "config.linux.security_context.namespace_options.userns_options";
+    let cases = [
+        (
+            vec![mapping(0, 1000, 10), mapping(10, 2000, 10)],
+            v1::NamespaceMode::Pod,
+            format!("{F}.uids"),
+        ),
+        (
+            vec![mapping(1, 1000, 100000)],
+            v1::NamespaceMode::Pod,
+            format!("{F}.uids"),
+        ),
+        (vec![], v1::NamespaceMode::Container, format!("{F}.mode")),
+        (vec![], v1::NamespaceMode::Target, format!("{F}.mode")),
+    ];
+    for (i, (uids, mode, field)) in cases.into_iter().enumerate() {
+        let config = userns_pod(&e, &format!("bad{i}"), uids, mode);
+        let err = e.try_pod(config, handler).await.unwrap_err();
+        assert_eq!(
+            (err.code(), field_of(&err)),
+            (Code::InvalidArgument, field.as_str()),
+            "{err}"
+        );
+    }
+    e.remove_pod(&pod).await;
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_namespaces_embedded() {
+    user_namespaces("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_namespaces_runc() {
+    user_namespaces("runc").await;
+}

@@ -63,8 +63,8 @@ pub use cgroup::{
 pub use compat::{emulate_cgroup_v1_mount, libcontainer_compat, swap_masked_eq};
 pub use error::{ErrorClass, SpecError};
 pub use input::{
-    CgroupDriver, Host, HostDevice, HostPropagation, ImageConfig, PauseInput, PodFacts,
-    RuntimeFacts, SeccompArch, SpecInput, UnsetSeccomp,
+    CgroupDriver, Host, HostDevice, HostPropagation, IdMapping, ImageConfig, PauseInput, PodFacts,
+    RuntimeFacts, SeccompArch, SpecInput, UnsetSeccomp, UserNs,
 };
 pub use mounts::default_mounts;
 pub use process::{DEFAULT_PATH_ENV, process_args, process_cwd, process_env};

@@ -103,6 +103,22 @@ fn is_localhost_profile(p: Option<&SecurityProfile>) -> bool {
     p.is_some_and(|p| p.profile_type == ProfileType::Localhost as i32)
 }
 
+/// The pod's user namespace mappings, which the runtime needs besides the
+/// namespace's path (to own the container's /dev, for id-mapped mounts).
+fn set_user_mappings(linux: &mut Linux, pod: &crate::PodFacts) {
+    let Some(user) = &pod.user_ns else {
+        return;
+    };
+    let map = |m: &crate::IdMapping| -> oci_spec::runtime::LinuxIdMapping {
+        blank(&format!(
+            r#"{{"containerID":{},"hostID":{},"size":{}}}"#,
+            m.container_id, m.host_id, m.size
+        ))
+    };
+    linux.set_uid_mappings(Some(vec![map(&user.uid)]));
+    linux.set_gid_mappings(Some(vec![map(&user.gid)]));
+}
+
 /// Requests crust cannot honour, rejected up front.
 #[allow(deprecated)]
 fn reject_unsupported(config: &ContainerConfig) -> Result<(), SpecError> {
@@ -245,6 +261,7 @@ pub fn container_spec(input: &SpecInput<'_>) -> Result<Spec, SpecError> {
 
     let mut linux: Linux = blank("{}");
     linux.set_namespaces(Some(ns.namespaces));
+    set_user_mappings(&mut linux, input.pod);
     linux.set_resources(Some(resources));
     linux.set_cgroups_path(Some(PathBuf::from(cgroups)));
     linux.set_devices(Some(devices));
@@ -333,6 +350,7 @@ pub fn pause_spec(input: &PauseInput<'_>) -> Result<Spec, SpecError> {
 
     let mut linux: Linux = blank("{}");
     linux.set_namespaces(Some(ns.namespaces));
+    set_user_mappings(&mut linux, input.pod);
     linux.set_resources(Some(resources));
     linux.set_cgroups_path(Some(PathBuf::from(cgroups_path(
         runtime.cgroup_driver,

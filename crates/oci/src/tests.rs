@@ -180,6 +180,7 @@ impl Fx {
             hosts: Some("/run/crust/pods/sb1/hosts".into()),
             hostname_file: Some("/run/crust/pods/sb1/hostname".into()),
             shm: Some("/run/crust/pods/sb1/shm".into()),
+            user_ns: None,
         };
         let runtime = RuntimeFacts {
             node_hostname: "node1".into(),
@@ -800,28 +801,64 @@ fn missing_pinned_namespace_is_precondition() {
 }
 
 #[test]
-fn user_namespaces_unsupported() {
+fn user_namespaces_join_the_pods() {
+    use crate::{IdMapping, UserNs};
+    // The pod's userns POD without a pinned namespace: the daemon's state
+    // is missing it.
     let mut fx = Fx::new();
-    fx.ctr_ns().userns_options = Some(UserNamespace {
+    fx.pod_ns().userns_options = Some(UserNamespace {
         mode: NamespaceMode::Pod as i32,
         ..Default::default()
     });
     let e = fx.err();
-    assert!(matches!(e, SpecError::Unsupported { .. }));
-    assert_eq!(
-        e.field(),
-        "config.linux.security_context.namespace_options.userns_options.mode"
-    );
+    assert_eq!(e.field(), "pod.user_ns");
+    assert_eq!(e.class(), ErrorClass::FailedPrecondition);
+    // A container asking for POD in a pod without one.
     let mut fx = Fx::new();
-    fx.pod_ns().userns_options = Some(UserNamespace {
+    fx.ctr_ns().userns_options = Some(UserNamespace {
         mode: NamespaceMode::Pod as i32,
         ..Default::default()
     });
     assert_eq!(
         fx.err().field(),
-        "sandbox_config.linux.security_context.namespace_options.userns_options.mode"
+        "config.linux.security_context.namespace_options.userns_options.mode"
     );
-    // NODE (kubelet's hostUsers: true) is fine.
+    // With the pod's namespace: joined first, with its mappings.
+    let mut fx = Fx::new();
+    let map = |host_id| IdMapping {
+        container_id: 0,
+        host_id,
+        size: 65536,
+    };
+    fx.pod.user_ns = Some(UserNs {
+        path: "/run/crust/pods/sb1/ns/user".into(),
+        uid: map(100000),
+        gid: map(200000),
+    });
+    let pod_mode = || {
+        Some(UserNamespace {
+            mode: NamespaceMode::Pod as i32,
+            ..Default::default()
+        })
+    };
+    fx.pod_ns().userns_options = pod_mode();
+    fx.ctr_ns().userns_options = pod_mode();
+    let spec = fx.spec().unwrap();
+    let linux = spec.linux().as_ref().unwrap();
+    let first = &linux.namespaces().as_ref().unwrap()[0];
+    assert_eq!(first.typ(), oci_spec::runtime::LinuxNamespaceType::User);
+    assert_eq!(
+        first.path().as_deref(),
+        Some(std::path::Path::new("/run/crust/pods/sb1/ns/user"))
+    );
+    let uid = &linux.uid_mappings().as_ref().unwrap()[0];
+    let gid = &linux.gid_mappings().as_ref().unwrap()[0];
+    assert_eq!(
+        (uid.container_id(), uid.host_id(), uid.size()),
+        (0, 100000, 65536)
+    );
+    assert_eq!(gid.host_id(), 200000);
+    // NODE (kubelet's hostUsers: true) is fine, and no user namespace.
     let mut fx = Fx::new();
     fx.ctr_ns().userns_options = Some(UserNamespace {
         mode: NamespaceMode::Node as i32,
@@ -831,7 +868,8 @@ fn user_namespaces_unsupported() {
         mode: NamespaceMode::Node as i32,
         ..Default::default()
     });
-    assert!(fx.spec().is_ok());
+    let spec = fx.spec().unwrap();
+    assert!(spec.linux().as_ref().unwrap().uid_mappings().is_none());
 }
 
 #[test]

@@ -24,6 +24,8 @@ use crate::node::NodeHost;
 
 /// Where a container's image volumes are mounted, in its state dir.
 const IMAGE_VOLUMES: &str = "image-volumes";
+/// Where the id-mapped views of its image layers are (user namespace pods).
+const IDMAPPED_LAYERS: &str = "idmapped-layers";
 /// Largest /etc/passwd or /etc/group read from an image.
 const MAX_ETC_FILE: u64 = 4 << 20;
 /// How long a SIGKILLed container may take to be reaped.
@@ -91,9 +93,20 @@ pub trait ContainerHost: Send + Sync + 'static {
         lowers: &[PathBuf],
         sub_path: &str,
     ) -> Result<PathBuf, ContainerError>;
-    /// Unmounts every image volume of the container (none is no error).
+    /// For a container in the pod's user namespace: bind-mounts each of
+    /// `lowers` id-mapped through it (under the state dir) and gives the
+    /// writable layer to the namespace's root, so the container's root owns
+    /// its rootfs without a chown of the image. Returns the mapped lowers.
     /// Blocking.
-    fn unmount_image_volumes(&self, rec: &ContainerRecord) -> Result<(), ContainerError>;
+    fn idmap_layers(
+        &self,
+        rec: &ContainerRecord,
+        lowers: &[PathBuf],
+        userns: &crust_oci::UserNs,
+    ) -> Result<Vec<PathBuf>, ContainerError>;
+    /// Unmounts the container's image volumes and id-mapped layers (none is
+    /// no error); after the rootfs. Blocking.
+    fn unmount_private_mounts(&self, rec: &ContainerRecord) -> Result<(), ContainerError>;
     /// Removes a dir and everything in it (never through a mount: the
     /// rootfs is unmounted first); a missing one is no error.
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError>;
@@ -141,8 +154,10 @@ impl ContainerHost for RealContainerHost {
         mkdir(&rec.layer_dir, 0o700)?;
         mkdir(&rec.layer_dir.join("upper"), 0o755)?;
         mkdir(&rec.layer_dir.join("work"), 0o700)?;
-        mkdir(&rec.state_dir, 0o700)?;
-        mkdir(&rec.bundle, 0o700)?;
+        // 0711: a container in a user namespace (its root is an unprivileged
+        // host uid) must reach its rootfs; nothing in them can be listed.
+        mkdir(&rec.state_dir, 0o711)?;
+        mkdir(&rec.bundle, 0o711)?;
         mkdir(&rec.rootfs, 0o755)?;
         crust_linux::mounts::mount_overlay(
             lowers,
@@ -318,20 +333,46 @@ impl ContainerHost for RealContainerHost {
         })
     }
 
-    fn unmount_image_volumes(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
-        let dir = rec.state_dir.join(IMAGE_VOLUMES);
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => {
-                return Err(ContainerError::Internal(format!(
-                    "reading {}: {e}",
-                    dir.display()
-                )));
+    fn idmap_layers(
+        &self,
+        rec: &ContainerRecord,
+        lowers: &[PathBuf],
+        userns: &crust_oci::UserNs,
+    ) -> Result<Vec<PathBuf>, ContainerError> {
+        let dir = rec.state_dir.join(IDMAPPED_LAYERS);
+        let mut out = Vec::with_capacity(lowers.len());
+        for (i, lower) in lowers.iter().enumerate() {
+            let target = dir.join(i.to_string());
+            mkdir(&target, 0o755)?;
+            crust_linux::mounts::mount_idmapped(lower, &target, &userns.path)
+                .map_err(ContainerError::internal)?;
+            out.push(target);
+        }
+        let (uid, gid) = (userns.uid.host_id, userns.gid.host_id);
+        for d in [rec.layer_dir.join("upper"), rec.layer_dir.join("work")] {
+            mkdir(&d, 0o755)?;
+            std::os::unix::fs::chown(&d, Some(uid), Some(gid))
+                .map_err(|e| ContainerError::Internal(format!("chown {}: {e}", d.display())))?;
+        }
+        Ok(out)
+    }
+
+    fn unmount_private_mounts(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        for sub in [IMAGE_VOLUMES, IDMAPPED_LAYERS] {
+            let dir = rec.state_dir.join(sub);
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(ContainerError::Internal(format!(
+                        "reading {}: {e}",
+                        dir.display()
+                    )));
+                }
+            };
+            for entry in entries.flatten() {
+                crust_linux::mounts::unmount(&entry.path()).map_err(ContainerError::internal)?;
             }
-        };
-        for entry in entries.flatten() {
-            crust_linux::mounts::unmount(&entry.path()).map_err(ContainerError::internal)?;
         }
         Ok(())
     }

@@ -177,6 +177,10 @@ impl Containers {
             let host = self.host.clone();
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
             blocking(move || -> Result<Built, ContainerError> {
+                let lowers = match &pod.facts.user_ns {
+                    Some(userns) => host.idmap_layers(&r, &lowers, userns)?,
+                    None => lowers,
+                };
                 host.prepare_rootfs(&r, &lowers)?;
                 // Image volumes become read-only bind mounts of the image's
                 // own read-only mount (at the sub path resolved inside it).
@@ -577,7 +581,7 @@ impl Containers {
             }
             host.delete_runtime_state(&rec);
             host.unmount_rootfs(&rec.rootfs)?;
-            host.unmount_image_volumes(&rec)?;
+            host.unmount_private_mounts(&rec)?;
             host.remove_tree(&rec.state_dir)?;
             host.remove_tree(&rec.layer_dir)
         })

@@ -316,7 +316,16 @@ impl ContainerHost for FakeContainerHost {
             .join(sub_path))
     }
 
-    fn unmount_image_volumes(&self, _rec: &ContainerRecord) -> Result<(), ContainerError> {
+    fn idmap_layers(
+        &self,
+        _rec: &ContainerRecord,
+        lowers: &[PathBuf],
+        _userns: &crust_oci::UserNs,
+    ) -> Result<Vec<PathBuf>, ContainerError> {
+        Ok(lowers.to_vec())
+    }
+
+    fn unmount_private_mounts(&self, _rec: &ContainerRecord) -> Result<(), ContainerError> {
         Ok(())
     }
 

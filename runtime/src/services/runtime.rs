@@ -397,9 +397,7 @@ impl Cri {
                 name: name.clone(),
                 features: Some(RuntimeHandlerFeatures {
                     recursive_read_only_mounts: handlers.features(name).recursive_read_only_mounts,
-                    // Pods in user namespaces are not implemented (refused
-                    // by CreateContainer / RunPodSandbox).
-                    user_namespaces: false,
+                    user_namespaces: handlers.features(name).user_namespaces,
                 }),
             })
             .collect()
