@@ -134,8 +134,23 @@ EOF
 }
 
 # A fresh crust daemon on $work/crust.sock.
+# NRI is on by default: the daemon's NRI socket and plugin dirs are its own
+# (never the host's /var/run/nri/nri.sock or /opt/nri/plugins). With
+# BENCH_NRI_PLUGIN=1 one plugin is connected, crust-nri's nri-test-plugin
+# as a pre-installed plugin subscribed to every event and adding an env
+# variable to each container, to measure what NRI adds to the life cycle.
 start_crust() {
-	: >"$work/crust.toml"
+	mkdir -p "$work/nri/plugins" "$work/nri/conf.d"
+	cat >"$work/crust.toml" <<-EOF
+		[nri]
+		socket_path = "$work/nri/nri.sock"
+		plugin_path = "$work/nri/plugins"
+		plugin_config_path = "$work/nri/conf.d"
+	EOF
+	if [[ ${BENCH_NRI_PLUGIN:-0} == 1 ]]; then
+		cp "$BIN/nri-test-plugin" "$work/nri/plugins/10-bench"
+		echo '{"adjust_env": {"BENCH_NRI": "1"}}' >"$work/nri/conf.d/10-bench.conf"
+	fi
 	"$BIN/crust" daemon --config "$work/crust.toml" --socket "$work/crust.sock" \
 		--root "$work/root" --run-dir "$work/run" --cni-conf-dir "$work/cni" \
 		--log-level warn >/dev/null 2>"$work/daemon.log" &

@@ -31,6 +31,9 @@ pub struct Config {
     pub shim_binary: Option<PathBuf>,
     /// The exec / attach / port-forward streaming server.
     pub streaming: StreamingSection,
+    /// NRI (Node Resource Interface) plugins: the socket they connect to,
+    /// the pre-installed ones crust starts itself, timeouts.
+    pub nri: crust_nri::Config,
 }
 
 /// The `[streaming]` table: where the server behind the Exec, Attach and
@@ -158,6 +161,7 @@ impl Default for Config {
             runtimes: Default::default(),
             shim_binary: None,
             streaming: StreamingSection::default(),
+            nri: crust_nri::Config::default(),
         }
     }
 }
@@ -249,6 +253,9 @@ impl Config {
             ("run_dir", &self.run_dir),
             ("network.cni_conf_dir", &self.network.cni_conf_dir),
             ("registry.config_dir", &self.registry.config_dir),
+            ("nri.socket_path", &self.nri.socket_path),
+            ("nri.plugin_path", &self.nri.plugin_path),
+            ("nri.plugin_config_path", &self.nri.plugin_config_path),
         ];
         let bin_dirs = self
             .network
@@ -264,6 +271,7 @@ impl Config {
             }
         }
         self.streaming.socket_addr()?;
+        self.nri.validate().map_err(ConfigError::Invalid)?;
         match (&self.streaming.tls_cert, &self.streaming.tls_key) {
             (Some(c), Some(k)) => {
                 for (key, p) in [("streaming.tls_cert", c), ("streaming.tls_key", k)] {
@@ -365,6 +373,37 @@ mod tests {
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("streaming.tls_cert"), "{err}");
         assert!(Config::parse("[streaming]\nport = 70000\n").is_err());
+    }
+
+    #[test]
+    fn nri_section_uses_containerd_names_and_is_checked() {
+        let c = Config::default();
+        assert!(c.nri.enable);
+        assert_eq!(c.nri.socket_path, PathBuf::from("/var/run/nri/nri.sock"));
+        let text = Config::default_toml();
+        assert!(text.contains("[nri]"), "{text}");
+        assert!(text.contains("plugin_request_timeout = \"2s\""), "{text}");
+        let c = Config::parse(
+            "[nri]\nenable = false\nsocket_path = \"/tmp/x/nri.sock\"\n\
+             plugin_registration_timeout = \"1m\"\n",
+        )
+        .unwrap();
+        assert!(!c.nri.enable);
+        assert_eq!(
+            c.nri.plugin_registration_timeout,
+            std::time::Duration::from_secs(60)
+        );
+        c.validate().unwrap();
+        let err = Config::parse("[nri]\nplugin_request_timeout = \"soon\"\n").unwrap_err();
+        assert!(err.contains("soon"), "{err}");
+        let err = Config::parse("[nri]\nsokcet_path = \"/x\"\n").unwrap_err();
+        assert!(err.contains("sokcet_path"), "{err}");
+        let c = Config::parse("[nri]\nsocket_path = \"nri.sock\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("nri.socket_path"), "{err}");
+        let c = Config::parse("[nri]\nplugin_request_timeout = \"0s\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("plugin_request_timeout"), "{err}");
     }
 
     #[test]

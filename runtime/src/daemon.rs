@@ -3,25 +3,34 @@
 //! orders them. This is the one place that wires the real node effects
 //! (`RealPodHost`, `RealContainerHost`) into the domain modules.
 
-use std::os::unix::fs::DirBuilderExt;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
+use crust_cgroups::Hierarchy;
 use crust_image::ImageService;
-use crust_linux::cgroups::{self, Hierarchy};
 use crust_network::{Cni, DefaultNetwork};
+use crust_nri::{Nri, RuntimeInfo};
 use crust_store::{Kind, Record, Store};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use crate::cgroups::NodeCgroups;
 use crate::config::{CgroupDriver, Config};
 use crate::containers::{self, Containers, RealContainerHost};
 use crate::handlers::Handlers;
 use crate::launch::Launcher;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, NriBackend};
 use crate::pods::{Pods, RealPodHost};
 use crate::stats::CgroupStats;
+
+/// The run dir's lock file (holds the pid of the daemon that has it).
+const RUN_DIR_LOCK: &str = "crust.lock";
 
 pub struct Daemon {
     pub config: Config,
@@ -40,11 +49,15 @@ pub struct Daemon {
     pub lifecycle: Lifecycle,
     /// CPU and memory of pod and container cgroups.
     pub stats: Arc<CgroupStats>,
+    /// AppArmor on the node (Status reports it).
+    pub apparmor: crate::node::NodeAppArmor,
     /// Pod CIDRs from UpdateRuntimeConfig, for the default network config.
     pod_cidrs: RwLock<Vec<String>>,
     /// The exec / attach / port-forward server, set once at start (its
     /// backend needs the pods and containers, so it starts after `open`).
     pub streaming: std::sync::OnceLock<crust_streaming::StreamingServer>,
+    /// This daemon's hold on the run dir, for its lifetime.
+    _run_dir_lock: Flock<File>,
 }
 
 /// Runtime-wide settings that must survive a restart.
@@ -68,27 +81,26 @@ impl Daemon {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
-        let cgroup_hierarchy = cgroups::detect(Path::new("/sys/fs/cgroup"))
-            .context("detecting the cgroup hierarchy")?;
+        let run_dir_lock = lock_run_dir(&config.run_dir)?;
         let systemd = config.cgroup_driver == CgroupDriver::Systemd;
-        if systemd && !cgroups::systemd_booted() {
-            anyhow::bail!(
-                "cgroup_driver = \"systemd\" but systemd is not the init system on this host"
-            );
-        }
+        let cgroups =
+            Arc::new(NodeCgroups::detect(systemd).context("detecting the cgroup hierarchies")?);
+        let cgroup_hierarchy = cgroups.hierarchy();
         let store = Arc::new(
             Store::open(&config.root.join("meta.db"))
                 .context("opening the metadata store (is another crust daemon using this root?)")?,
         );
         let network = store.get::<NetworkSettings>("network")?.unwrap_or_default();
-        let facts = crate::node::runtime_facts(cgroup_hierarchy, systemd);
+        let apparmor = tokio::task::spawn_blocking(crate::node::NodeAppArmor::setup).await?;
+        let mut facts = crate::node::runtime_facts(cgroups.fs(), systemd);
+        facts.apparmor_default_profile = apparmor.default_profile();
         let handlers = Arc::new(Handlers::detect(&config).await);
         let launcher = Launcher::from_config(&config);
 
         let pod_host = RealPodHost::new(
             open_cni(&config, &network.pod_cidrs)?,
             config.network.cni_conf_dir.clone(),
-            cgroup_hierarchy,
+            cgroups.clone(),
             launcher.clone(),
             handlers.clone(),
             facts.clone(),
@@ -110,7 +122,13 @@ impl Daemon {
         let images = open_images(&config, &store).await?;
         let containers = Arc::new(Containers::new(
             store.clone(),
-            Arc::new(RealContainerHost::new(launcher, cgroup_hierarchy)),
+            Arc::new(RealContainerHost::new(
+                launcher,
+                cgroups.clone(),
+                crate::node::NodeHost {
+                    apparmor: apparmor.apparmor.clone(),
+                },
+            )),
             Arc::new(images.clone()),
             handlers.clone(),
             facts,
@@ -123,9 +141,10 @@ impl Daemon {
             .recover()
             .await
             .context("recovering containers")?;
-        let stats = Arc::new(CgroupStats::new(cgroup_hierarchy));
+        let stats = Arc::new(CgroupStats::new(Some(cgroups)));
+        let nri = start_nri(&config, &pods, &containers).await?;
         Ok(Daemon {
-            lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone()),
+            lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone(), nri),
             config,
             store,
             cgroup_hierarchy,
@@ -134,8 +153,10 @@ impl Daemon {
             pods,
             containers,
             stats,
+            apparmor,
             pod_cidrs: RwLock::new(network.pod_cidrs),
             streaming: std::sync::OnceLock::new(),
+            _run_dir_lock: run_dir_lock,
         })
     }
 
@@ -157,12 +178,49 @@ impl Daemon {
     }
 }
 
+/// NRI, once the pods and containers are recovered (pre-installed plugins
+/// are started and synchronized with them before this returns). A socket
+/// that cannot be served stops the daemon: NRI is on unless configured off.
+async fn start_nri(
+    config: &Config,
+    pods: &Arc<Pods>,
+    containers: &Arc<Containers>,
+) -> anyhow::Result<Nri> {
+    let nri = Nri::start(
+        config.nri.clone(),
+        RuntimeInfo {
+            name: "crust".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        Arc::new(NriBackend::new(pods, containers)),
+    )
+    .await
+    .context("starting NRI ([nri] in the config, --nri-socket)")?;
+    if nri.is_enabled() {
+        info!(
+            socket = %config.nri.socket_path.display(),
+            plugins = nri.plugins().len(),
+            "NRI enabled"
+        );
+    }
+    Ok(nri)
+}
+
 /// The CNI plugin runner; installs the default network first if the config
 /// asks for it and the conf dir has none.
 fn open_cni(config: &Config, pod_cidrs: &[String]) -> anyhow::Result<Cni> {
     let cni = Cni::new(config.network.cni_bin_dirs.clone())
         .context("network.cni_bin_dirs")?
         .with_cache_dir(config.root.join("cni").join("cache"));
+    // Before any ADD: what a crash left of a cache write.
+    match cni.remove_cache_temp_files() {
+        Ok(0) => {}
+        Ok(n) => info!(
+            n,
+            "removed temp files of CNI cache writes a crash cut short"
+        ),
+        Err(e) => warn!("cannot clean the CNI cache dir: {e}"),
+    }
     if config.network.install_default_conflist {
         let net = if pod_cidrs.is_empty() {
             DefaultNetwork::default()
@@ -194,6 +252,44 @@ async fn open_images(config: &Config, store: &Arc<Store>) -> anyhow::Result<Imag
     ImageService::open(image_config, store.clone())
         .await
         .context("opening the image store")
+}
+
+/// Takes the run dir for this daemon, as the metadata store's lock takes
+/// the root: a second daemon on the same run dir (with another socket and
+/// root) would unpin and unmount the first one's pods as orphans at its
+/// recovery. The lock goes with the daemon (its descriptor is not
+/// inherited by monitors or plugins: close-on-exec).
+fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
+    let path = dir.join(RUN_DIR_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => {
+            let mut f: &File = &lock;
+            f.set_len(0)
+                .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok(lock)
+        }
+        Err((file, Errno::EWOULDBLOCK)) => {
+            let mut holder = String::new();
+            let _ = (&file).take(32).read_to_string(&mut holder);
+            anyhow::bail!(
+                "the run dir {} is in use by another crust daemon (pid {}): each daemon \
+                 needs its own run_dir",
+                dir.display(),
+                holder.trim()
+            )
+        }
+        Err((_, e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
 }
 
 /// Creates `dir` (and parents) readable only by root, as state dirs hold

@@ -30,16 +30,22 @@
 //! images.rs            what containers need of the image store (leases)
 //! index.rs             ID / unique-prefix index with name reservation
 //! handlers.rs, node.rs runtime handlers; node facts and spec look-ups
+//! cgroups.rs           the node's cgroups (crust-cgroups): pod cgroups and
+//!                      slices, container cgroups and scopes, unified keys
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
+//! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
+//! quote.rs             bounded quoting of client input in messages
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
 
 mod api_version;
+mod cgroups;
 mod cli;
 mod clock;
 mod config;
 mod containers;
+mod crash;
 mod daemon;
 mod events;
 mod handlers;
@@ -52,6 +58,7 @@ mod lifecycle;
 mod monitor;
 mod node;
 mod pods;
+mod quote;
 mod server;
 mod services;
 mod stats;
@@ -135,6 +142,9 @@ struct DaemonArgs {
     /// Registry host config directory (containerd hosts.toml layout).
     #[arg(long, value_name = "DIR")]
     registry_config_dir: Option<PathBuf>,
+    /// The socket NRI plugins connect to (`nri.socket_path`).
+    #[arg(long, value_name = "PATH")]
+    nri_socket: Option<PathBuf>,
 }
 
 impl DaemonArgs {
@@ -160,6 +170,7 @@ impl DaemonArgs {
         set!(self.cni_conf_dir => network.cni_conf_dir);
         set!(self.cni_bin_dir => network.cni_bin_dirs);
         set!(self.registry_config_dir => registry.config_dir);
+        set!(self.nri_socket => nri.socket_path);
         if self.install_default_conflist {
             c.network.install_default_conflist = true;
         }
@@ -211,7 +222,7 @@ fn init_logging(config: &Config) {
     let filter = if config.log_level == LogLevel::Trace {
         level.to_string()
     } else {
-        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error")
+        format!("{level},h2=warn,hyper=warn,tower=warn,tonic=warn,libcgroups=error,zbus=warn")
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))

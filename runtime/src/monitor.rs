@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crust_shim_protocol::ExecStarted;
 use crust_shim_protocol::{AttachReader, AttachWriter, Shim as AsyncShim};
-use crust_shim_protocol::{Error, ExecRequest, ExecSyncOutput, ExitInfo, SpawnOptions};
+use crust_shim_protocol::{Error, ExecRequest, ExecSyncOutput, ExitInfo, SpawnOptions, State};
 
 /// How long a plain request may take before the daemon gives up on the
 /// monitor (as long as the blocking client allowed).
@@ -75,6 +75,12 @@ impl Monitor {
             tokio::time::sleep(every).await;
         }
         self.kill_monitor();
+    }
+
+    /// The container's state as the monitor knows it (created, running,
+    /// stopped).
+    pub async fn state(&self) -> Result<State, Error> {
+        timed(CALL_TIMEOUT, self.shim.state()).await
     }
 
     /// Runs the created container's process.

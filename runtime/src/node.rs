@@ -1,21 +1,127 @@
 //! What the daemon knows of the node: the facts every spec needs, detected
-//! once at start, and the real-filesystem [`crust_oci::Host`] that spec
-//! generation looks paths and devices up through.
+//! once at start (AppArmor with them), and the real-filesystem
+//! [`crust_oci::Host`] that spec generation looks paths and devices up
+//! through.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use crust_apparmor::{AppArmor, ApparmorParser, Availability, KernelPaths, Loaded};
 use crust_oci::{Host, HostDevice, HostPropagation, RuntimeFacts};
 use oci_spec::runtime::{Capability, LinuxDeviceType};
+use tracing::{info, warn};
 
 /// Largest seccomp profile file read.
 const MAX_PROFILE: u64 = crust_oci::MAX_SECCOMP_PROFILE_BYTES as u64 + 1;
 
+/// AppArmor on this node, as found at start.
+pub struct NodeAppArmor {
+    pub availability: Availability,
+    /// Set when AppArmor is enabled.
+    pub apparmor: Option<Arc<AppArmor>>,
+}
+
+impl NodeAppArmor {
+    /// Detects AppArmor and, when it is on, loads crust's default profile
+    /// unless it is loaded. A failed load is logged, not fatal: Localhost
+    /// profiles still work, and each container that needs the default
+    /// tries again and fails with the reason (as containerd does).
+    pub fn setup() -> NodeAppArmor {
+        let paths = KernelPaths::default();
+        let availability = crust_apparmor::detect(&paths);
+        let Availability::Enabled = availability else {
+            if let Availability::Disabled(why) = &availability {
+                info!("AppArmor: not used ({why})");
+            }
+            return NodeAppArmor {
+                availability,
+                apparmor: None,
+            };
+        };
+        let parser: Box<dyn crust_apparmor::Parser> = match ApparmorParser::find() {
+            Ok(p) => Box::new(p),
+            Err(e) => Box::new(MissingParser(e.to_string())),
+        };
+        let abi = crust_apparmor::node_abi(Path::new(crust_apparmor::POLICY_DIR));
+        let apparmor = Arc::new(AppArmor::new(paths, parser, abi));
+        match apparmor.ensure_default() {
+            Ok(Loaded::Now) => info!(
+                profile = apparmor.default_name(),
+                "AppArmor: loaded the default profile"
+            ),
+            Ok(Loaded::Already) => info!(
+                profile = apparmor.default_name(),
+                "AppArmor: the default profile is loaded"
+            ),
+            Err(e) => warn!(
+                profile = apparmor.default_name(),
+                "AppArmor: cannot load the default profile: {e}"
+            ),
+        }
+        NodeAppArmor {
+            availability,
+            apparmor: Some(apparmor),
+        }
+    }
+
+    /// What RuntimeFacts::apparmor_default_profile says.
+    pub fn default_profile(&self) -> Option<String> {
+        self.apparmor.as_ref().map(|a| a.default_name().to_string())
+    }
+
+    /// Status' `info["apparmor"]`.
+    pub fn status_info(&self) -> serde_json::Value {
+        match (&self.availability, &self.apparmor) {
+            (Availability::Enabled, Some(a)) => {
+                let loaded = a.is_loaded(a.default_name());
+                serde_json::json!({
+                    "enabled": true,
+                    "defaultProfile": a.default_name(),
+                    "defaultProfileLoaded": loaded.as_ref().is_ok_and(|l| *l),
+                    "error": loaded.err().map(|e| e.to_string()),
+                })
+            }
+            (Availability::Disabled(why), _) => {
+                serde_json::json!({"enabled": false, "reason": why})
+            }
+            (Availability::Enabled, None) => serde_json::json!({"enabled": false}),
+        }
+    }
+}
+
+/// Stands in for apparmor_parser where none is installed: every load
+/// fails with the reason.
+struct MissingParser(String);
+
+impl crust_apparmor::Parser for MissingParser {
+    fn load(&self, _policy: &str) -> Result<(), crust_apparmor::Error> {
+        Err(crust_apparmor::Error::ParserFailed {
+            status: "not run".into(),
+            stderr: self.0.clone(),
+        })
+    }
+}
+
 /// The real filesystem, as spec generation looks it up.
-pub struct NodeHost;
+pub struct NodeHost {
+    /// Set when the node has AppArmor.
+    pub apparmor: Option<Arc<AppArmor>>,
+}
 
 impl Host for NodeHost {
+    fn apparmor_profile_loaded(&self, name: &str) -> io::Result<bool> {
+        let Some(aa) = &self.apparmor else {
+            return Err(io::Error::other("AppArmor is not enabled on this node"));
+        };
+        if name == aa.default_name() {
+            // Unloaded behind the daemon's back: load it again.
+            return aa.ensure_default().map(|_| true).map_err(io::Error::other);
+        }
+        aa.is_loaded(name).map_err(io::Error::other)
+    }
+
     fn resolve(&self, path: &Path) -> io::Result<PathBuf> {
         std::fs::canonicalize(path)
     }
@@ -214,36 +320,21 @@ pub fn bounding_set() -> Option<Vec<Capability>> {
 }
 
 /// Node facts for every spec, detected once at start.
-pub fn runtime_facts(hierarchy: crust_linux::cgroups::Hierarchy, systemd: bool) -> RuntimeFacts {
-    let v2 = hierarchy.is_unified();
-    let cg = Path::new("/sys/fs/cgroup");
+pub fn runtime_facts(cgroups: &crust_cgroups::CgroupFs, systemd: bool) -> RuntimeFacts {
     let min_oom = std::fs::read_to_string("/proc/self/oom_score_adj")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
-    let (swap, hugetlb) = if v2 {
-        let controllers =
-            std::fs::read_to_string(cg.join("cgroup.controllers")).unwrap_or_default();
-        (
-            controllers.contains("memory") && swap_v2(cg),
-            controllers.split_whitespace().any(|c| c == "hugetlb"),
-        )
-    } else {
-        (
-            cg.join("memory/memory.memsw.limit_in_bytes").exists(),
-            cg.join("hugetlb").exists(),
-        )
-    };
     RuntimeFacts {
-        cgroup_v2: v2,
+        cgroup_v2: cgroups.hierarchy().is_unified(),
         cgroup_driver: if systemd {
             crust_oci::CgroupDriver::Systemd
         } else {
             crust_oci::CgroupDriver::Cgroupfs
         },
         min_oom_score_adj: min_oom,
-        swap_available: swap,
-        hugetlb_available: hugetlb,
+        swap_available: cgroups.swap_accounting(),
+        hugetlb_available: cgroups.has_controller(crust_cgroups::Controller::Hugetlb),
         // Per handler: set at CreateContainer from its features.
         rro_supported: false,
         node_hostname: nix::unistd::gethostname()
@@ -252,12 +343,4 @@ pub fn runtime_facts(hierarchy: crust_linux::cgroups::Hierarchy, systemd: bool) 
         all_capabilities: bounding_set(),
         ..RuntimeFacts::default()
     }
-}
-
-fn swap_v2(cg: &Path) -> bool {
-    // The root cgroup has no memory.swap.max: look at any child.
-    std::fs::read_dir(cg).is_ok_and(|rd| {
-        rd.flatten()
-            .any(|e| e.path().join("memory.swap.max").exists())
-    })
 }

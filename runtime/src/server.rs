@@ -38,7 +38,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     );
 
     let admin = Admin::new(daemon.clone());
-    let cri = Cri::new(daemon);
+    let cri = Cri::new(daemon.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         .layer(ApiVersionLayer)
@@ -64,6 +64,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Ok(res) => res.context("gRPC server failed")?,
         Err(_) => warn!("calls still open after {DRAIN_TIMEOUT:?}; exiting anyway"),
     }
+    daemon.lifecycle.shutdown().await;
     info!("stopped");
     Ok(())
 }

@@ -1,16 +1,15 @@
 //! What pods and containers use: CPU and memory of their cgroups (v1 or
-//! v2, through libcgroups, the CPU rate from the previous sample) and the
-//! disk use of containers' writable layers. Read for the stats RPCs (and,
-//! later, the metrics ones).
+//! v2, through crust-cgroups, the CPU rate from the previous sample) and
+//! the disk use of containers' writable layers. Read for the stats RPCs
+//! (and, later, the metrics ones).
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use crust_linux::cgroups::{Hierarchy, PodCgroup};
+use crust_cgroups::{CgroupPath, StatsRequest};
 
-/// Where cgroup hierarchies are mounted.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+use crate::cgroups::NodeCgroups;
 
 /// One reading of a cgroup.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,59 +39,47 @@ struct CpuSample {
 }
 
 pub struct CgroupStats {
-    hierarchy: Hierarchy,
+    /// None in unit tests (no node).
+    cgroups: Option<Arc<NodeCgroups>>,
     /// By pod or container ID.
     samples: Mutex<HashMap<String, CpuSample>>,
 }
 
 impl CgroupStats {
-    pub fn new(hierarchy: Hierarchy) -> CgroupStats {
+    pub fn new(cgroups: Option<Arc<NodeCgroups>>) -> CgroupStats {
         CgroupStats {
-            hierarchy,
+            cgroups,
             samples: Mutex::new(HashMap::new()),
         }
     }
 
     /// Reads the cgroup at `path` (None if it cannot be read), sampled
     /// under `key` at `now`. Blocking.
-    pub fn usage(&self, path: &Path, key: &str, now: i64) -> Option<Usage> {
-        let cg = PodCgroup::new(self.hierarchy, Path::new(CGROUP_ROOT), path).ok()?;
-        let st = cg.stats().ok()?;
-        let usage = st.cpu.usage.usage_total;
-        let nano_cores = self.sample(key, now, usage);
-        let m = &st.memory;
-        let stat = |k: &str| m.stats.get(k).copied();
-        let v2 = self.hierarchy.is_unified();
-        let usage_bytes = m.memory.usage;
-        let inactive = if v2 {
-            stat("inactive_file")
-        } else {
-            stat("total_inactive_file")
-        }
-        .unwrap_or(0);
-        let working_set = usage_bytes.saturating_sub(inactive);
-        let (rss, pgfault, pgmajfault) = if v2 {
-            (stat("anon"), stat("pgfault"), stat("pgmajfault"))
-        } else {
-            (
-                stat("total_rss"),
-                stat("total_pgfault"),
-                stat("total_pgmajfault"),
-            )
-        };
-        let limit = m.memory.limit;
+    pub fn usage(&self, path: &CgroupPath, key: &str, now: i64) -> Option<Usage> {
+        let cgroups = self.cgroups.as_ref()?;
+        let st = cgroups
+            .fs()
+            .cgroup(path.clone())
+            .stats(StatsRequest::CPU_MEMORY)
+            .ok()?;
+        let (cpu, m) = (st.cpu?, st.memory?);
+        let nano_cores = self.sample(key, now, cpu.usage_ns);
         Some(Usage {
             timestamp: now,
-            cpu_usage_ns: usage,
+            cpu_usage_ns: cpu.usage_ns,
             cpu_nano_cores: nano_cores,
-            memory_usage_bytes: usage_bytes,
-            memory_working_set_bytes: working_set,
-            memory_available_bytes: (limit > 0 && limit < (1u64 << 62))
-                .then(|| limit.saturating_sub(working_set)),
-            memory_rss_bytes: rss,
-            page_faults: pgfault,
-            major_page_faults: pgmajfault,
+            memory_usage_bytes: m.usage,
+            memory_working_set_bytes: m.working_set,
+            memory_available_bytes: m.limit.map(|l| l.saturating_sub(m.working_set)),
+            memory_rss_bytes: Some(m.rss),
+            page_faults: Some(m.page_faults),
+            major_page_faults: Some(m.major_page_faults),
         })
+    }
+
+    /// [`CgroupStats::usage`] of a cgroup named by a path.
+    pub fn usage_at(&self, path: &Path, key: &str, now: i64) -> Option<Usage> {
+        self.usage(&CgroupPath::from_path(path).ok()?, key, now)
     }
 
     /// Records CPU usage `usage_ns` of `key` at `now`; returns the rate
@@ -127,11 +114,6 @@ impl CgroupStats {
     }
 }
 
-/// The cgroup of a container below its pod's cgroup (cgroupfs driver).
-pub fn container_cgroup(pod_cgroup: &Path, container_id: &str) -> std::path::PathBuf {
-    pod_cgroup.join(format!("crust-{container_id}"))
-}
-
 /// Bytes and inodes used below `dir` (a container's writable layer).
 /// Blocking.
 pub fn disk_usage(dir: &Path) -> (u64, u64) {
@@ -144,7 +126,7 @@ mod tests {
 
     #[test]
     fn the_cpu_rate_comes_from_the_previous_sample() {
-        let stats = CgroupStats::new(Hierarchy::V1);
+        let stats = CgroupStats::new(None);
         assert_eq!(stats.record_sample("c", 1_000_000_000, 5_000), None);
         // Half a CPU over two seconds.
         assert_eq!(

@@ -18,16 +18,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
 fn kubectl_present() -> bool {
-    let ok = std::process::Command::new("kubectl")
+    std::process::Command::new("kubectl")
         .args(["version", "--client"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIP: kubectl is not installed");
-    }
-    ok
+        .is_ok_and(|s| s.success())
 }
 
 const POD: &str = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"test","namespace":"default","uid":"u1"},
@@ -179,7 +175,7 @@ async fn kubectl_exec(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_both_transports() {
     if !kubectl_present() {
-        return;
+        skip!("kubectl is not installed");
     }
     let (server, _) = start(StreamingConfig::default()).await;
     let api = api_server(Arc::new(server)).await;
@@ -200,9 +196,11 @@ async fn kubectl_exec_both_transports() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_port_forward_both_transports() {
     if !kubectl_present() {
-        return;
+        skip!("kubectl is not installed");
     }
-    let Some(netns) = PodNetns::new() else { return };
+    let Some(netns) = PodNetns::new() else {
+        skip!("cannot create a network namespace here");
+    };
     let port = echo_server(&netns.path).await;
     let (server, fake) = start(StreamingConfig::default()).await;
     fake.netns

@@ -68,9 +68,11 @@ fn mib_per_s(bytes: usize, ms: u64) -> f64 {
 #[tokio::test]
 async fn spdy_carries_100_mib_both_ways() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
-    let Some(s) = setup().await else { return };
+    let Some(s) = setup().await else {
+        skip!("cannot create a network namespace here");
+    };
     let url = pf_url(&s, vec![]);
     let r = node(json!({"mode": "portforward", "url": url, "port": s.port, "bytes": 100 * MIB, "timeoutMs": 300000})).await;
     check(&r, 100 * MIB);
@@ -83,9 +85,11 @@ async fn spdy_carries_100_mib_both_ways() {
 #[tokio::test]
 async fn spdy_carries_20_concurrent_streams() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
-    let Some(s) = setup().await else { return };
+    let Some(s) = setup().await else {
+        skip!("cannot create a network namespace here");
+    };
     let url = pf_url(&s, vec![]);
     let r = node(json!({"mode": "portforward", "url": url, "port": s.port, "pairs": 20, "bytes": 2 * MIB, "timeoutMs": 300000}))
         .await;
@@ -96,9 +100,11 @@ async fn spdy_carries_20_concurrent_streams() {
 #[tokio::test]
 async fn websocket_tunnel_carries_100_mib_both_ways() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
-    let Some(s) = setup().await else { return };
+    let Some(s) = setup().await else {
+        skip!("cannot create a network namespace here");
+    };
     let url = pf_url(&s, vec![]);
     let r = node(json!({"mode": "portforward", "url": url, "port": s.port, "bytes": 100 * MIB, "tunnel": true,
         "timeoutMs": 300000}))
@@ -180,7 +186,9 @@ async fn ws_channel_forward(url: &str, protocol: &str, total: usize) -> (Vec<u8>
 
 #[tokio::test]
 async fn websocket_channels_carry_data_both_ways() {
-    let Some(s) = setup().await else { return };
+    let Some(s) = setup().await else {
+        skip!("cannot create a network namespace here");
+    };
     let url = format!("{}?port={}", pf_url(&s, vec![]), s.port);
     let (sent, got, rate) = ws_channel_forward(&url, "v4.channel.k8s.io", 100 * MIB).await;
     assert_eq!(sent, got);
@@ -197,9 +205,11 @@ async fn websocket_channels_carry_data_both_ways() {
 #[ignore = "measurement; run by hand in release mode"]
 async fn throughput() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
-    let Some(s) = setup().await else { return };
+    let Some(s) = setup().await else {
+        skip!("cannot create a network namespace here");
+    };
     for (name, tunnel, pairs) in [
         ("SPDY", false, 1),
         ("SPDY x4", false, 4),
@@ -324,7 +334,9 @@ async fn raw_spdy_forward(url: &str, port: u16, total: usize) -> (usize, f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spdy_peer_without_flow_control_like_spdystream() {
-    let Some(s) = setup().await else { return };
+    let Some(s) = setup().await else {
+        skip!("cannot create a network namespace here");
+    };
     let url = pf_url(&s, vec![]);
     let (got, secs) = raw_spdy_forward(&url, s.port, 32 * MIB).await;
     assert_eq!(got, 32 * MIB);
@@ -339,7 +351,9 @@ async fn spdy_peer_without_flow_control_like_spdystream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement; run by hand in release mode"]
 async fn raw_throughput() {
-    let Some(s) = setup().await else { return };
+    let Some(s) = setup().await else {
+        skip!("cannot create a network namespace here");
+    };
     let url = pf_url(&s, vec![]);
     let (got, secs) = raw_spdy_forward(&url, s.port, 1024 * MIB).await;
     assert_eq!(got, 1024 * MIB);

@@ -30,7 +30,7 @@ async fn exec_exit_codes_in_the_v4_status() {
 
 async fn exec_exit_codes_once() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
     let (server, _) = start(StreamingConfig::default()).await;
     let url = server
@@ -72,7 +72,7 @@ async fn exec_exit_codes_once() {
 #[tokio::test]
 async fn exec_pipes_stdin_and_older_protocols_get_text_errors() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
     let (server, _) = start(StreamingConfig::default()).await;
     let input = "line one\nline two\n".repeat(2000);
@@ -111,7 +111,7 @@ async fn exec_pipes_stdin_and_older_protocols_get_text_errors() {
 #[tokio::test]
 async fn exec_with_tty_delivers_resizes() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
     let (server, fake) = start(StreamingConfig::default()).await;
     let url = server
@@ -142,7 +142,7 @@ async fn exec_with_tty_delivers_resizes() {
 #[tokio::test]
 async fn attach_echoes_stdin() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
     let (server, _) = start(StreamingConfig::default()).await;
     let url = server
@@ -163,7 +163,7 @@ async fn attach_echoes_stdin() {
 #[tokio::test]
 async fn a_vanishing_client_ends_the_backend_call() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
     let (server, fake) = start(quick_grace()).await;
     let url = server
@@ -419,9 +419,11 @@ async fn a_header_block_that_inflates_too_far_is_refused() {
 #[tokio::test]
 async fn spdy_port_forward_to_a_closed_port_reports_an_error() {
     if node_dir().is_none() {
-        return;
+        skip!("the node client (node, npm) is missing");
     }
-    let Some(netns) = PodNetns::new() else { return };
+    let Some(netns) = PodNetns::new() else {
+        skip!("cannot create a network namespace here");
+    };
     let (server, fake) = start(StreamingConfig::default()).await;
     fake.netns
         .lock()

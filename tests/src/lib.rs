@@ -16,6 +16,32 @@ pub use tonic;
 
 pub mod registry;
 
+/// Ends a test that cannot run here (a tool is missing, the kernel lacks a
+/// feature): see [`skipped`]. `skip!("kubectl is not installed")`.
+#[macro_export]
+macro_rules! skip {
+    ($($reason:tt)*) => {{
+        $crate::skipped(&format!($($reason)*));
+        return;
+    }};
+}
+
+/// Says that the running test was skipped: one `SKIPPED: <test>: <reason>`
+/// line on stderr, written past the test harness's capture so that it is
+/// seen (and counted: `grep -c '^SKIPPED'`) in every run, passed or not.
+/// A skip is never silent: a test that returns early without this reads
+/// as passed.
+pub fn skipped(reason: &str) {
+    use std::io::Write;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string();
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    // One write, so that lines of parallel tests do not mix.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// The `crust` binary under test: `$CRUST_BIN`, else the one cargo built next
 /// to this test binary (`make test` builds it first).
 pub fn crust_bin() -> PathBuf {
@@ -37,11 +63,147 @@ pub fn crust_bin() -> PathBuf {
     bin
 }
 
+/// The environment variable that picks the cgroup driver of every test
+/// daemon (`--cgroup-driver`): `cgroupfs` or `systemd`. Unset: the daemon's
+/// default (cgroupfs). The VM test bed (hack/vm) runs the suites once with
+/// each.
+pub const CGROUP_DRIVER_ENV: &str = "CRUST_TEST_CGROUP_DRIVER";
+
+fn cgroup_driver_from_env() -> Option<&'static str> {
+    let value = std::env::var(CGROUP_DRIVER_ENV).ok()?;
+    match value.as_str() {
+        "cgroupfs" => Some("cgroupfs"),
+        "systemd" => Some("systemd"),
+        "" => None,
+        other => panic!("{CGROUP_DRIVER_ENV}={other:?}: expected cgroupfs or systemd"),
+    }
+}
+
+/// The cgroup driver the test daemons run with (see [`CGROUP_DRIVER_ENV`]),
+/// for assertions that depend on it.
+pub fn cgroup_driver() -> &'static str {
+    cgroup_driver_from_env().unwrap_or("cgroupfs")
+}
+
+/// What a test may need of the machine it runs on. `make test` runs the
+/// suites on the host (cgroup v1 hybrid, no systemd, no AppArmor) and in the
+/// VM test bed (cgroup v2 alone, systemd, AppArmor; once per cgroup driver);
+/// a test that needs one of these starts with [`require!`] and is counted
+/// as skipped, with the reason, where it is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The unified cgroup v2 hierarchy alone at /sys/fs/cgroup.
+    CgroupV2,
+    /// cgroup v1 controllers at /sys/fs/cgroup (legacy or hybrid layout).
+    CgroupV1,
+    /// systemd is the init system (`/run/systemd/system` exists).
+    Systemd,
+    /// systemd is not the init system.
+    NoSystemd,
+    /// The test daemons use the systemd cgroup driver.
+    SystemdDriver,
+    /// The test daemons use the cgroupfs driver.
+    CgroupfsDriver,
+    /// AppArmor is enabled in the kernel and `apparmor_parser` is installed.
+    AppArmor,
+    /// AppArmor is not enabled.
+    NoAppArmor,
+    /// `runc` is in PATH.
+    Runc,
+    /// `crun` is in PATH.
+    Crun,
+}
+
+/// Why a test cannot run here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkipReason(pub String);
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `None` when this machine (and run) offers `need`, else why not.
+pub fn require(need: Need) -> Option<SkipReason> {
+    let v2 = cgroup_v2_alone();
+    let apparmor = apparmor_enabled();
+    let systemd = Path::new("/run/systemd/system").is_dir();
+    let (ok, why) = match need {
+        Need::CgroupV2 => (v2, "needs cgroup v2 alone (this machine mounts cgroup v1)"),
+        Need::CgroupV1 => (!v2, "needs cgroup v1 (this machine has cgroup v2 alone)"),
+        Need::Systemd => (systemd, "needs systemd as the init system"),
+        Need::NoSystemd => (!systemd, "needs a machine without systemd as init"),
+        Need::SystemdDriver => (
+            cgroup_driver() == "systemd",
+            "needs the systemd cgroup driver (CRUST_TEST_CGROUP_DRIVER=systemd)",
+        ),
+        Need::CgroupfsDriver => (
+            cgroup_driver() == "cgroupfs",
+            "needs the cgroupfs cgroup driver (this run uses systemd)",
+        ),
+        Need::AppArmor => (apparmor, "needs AppArmor (kernel and apparmor_parser)"),
+        Need::NoAppArmor => (!apparmor, "needs a machine without AppArmor"),
+        Need::Runc => (in_path("runc"), "needs runc in PATH"),
+        Need::Crun => (in_path("crun"), "needs crun in PATH"),
+    };
+    (!ok).then(|| SkipReason(why.to_string()))
+}
+
+/// Reports the running test as skipped for a missing [`Need`]: the same
+/// counted `SKIPPED: <test>: <reason>` line as [`skipped`]. `make test`'s
+/// summaries list such tests as skipped, not passed.
+pub fn report_skip(reason: &SkipReason) {
+    skipped(&reason.0);
+}
+
+/// `require!(Need::A, Need::B, ...)` at the start of a test (or a helper it
+/// calls): returns from it, reported as a counted skip ([`report_skip`]),
+/// unless the machine offers every one of them.
+#[macro_export]
+macro_rules! require {
+    ($($env:expr),+ $(,)?) => {
+        $(
+            if let Some(reason) = $crate::require($env) {
+                $crate::report_skip(&reason);
+                return;
+            }
+        )+
+    };
+}
+
+fn cgroup_v2_alone() -> bool {
+    nix::sys::statfs::statfs("/sys/fs/cgroup")
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+fn apparmor_enabled() -> bool {
+    std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y")
+        && Path::new("/sys/kernel/security/apparmor").is_dir()
+        && in_path("apparmor_parser")
+}
+
+fn in_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// A test daemon's NRI socket, relative to its temp dir.
+const NRI_SOCKET: &str = "nri/nri.sock";
+
 /// How to start a daemon.
 #[derive(Default)]
 pub struct DaemonBuilder {
     config_toml: Option<String>,
     args: Vec<String>,
+    root: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 impl DaemonBuilder {
@@ -56,6 +218,19 @@ impl DaemonBuilder {
         self
     }
 
+    /// The daemon's `--root` (default: `root` in its temp dir), e.g. on a
+    /// filesystem the test mounted.
+    pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+
+    /// An environment variable of the daemon (every start of it).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
     /// Starts the daemon and waits until it answers Version.
     pub async fn start(self) -> Daemon {
         let dir = tempfile::Builder::new()
@@ -63,14 +238,14 @@ impl DaemonBuilder {
             .tempdir()
             .expect("temp dir");
         let socket = dir.path().join("crust.sock");
-        let root = dir.path().join("root");
+        let root = self.root.unwrap_or_else(|| dir.path().join("root"));
         let run_dir = dir.path().join("run");
         let cni_conf_dir = dir.path().join("cni");
         std::fs::create_dir_all(&cni_conf_dir).unwrap();
         let config = dir.path().join("config.toml");
         std::fs::write(
             &config,
-            test_config(self.config_toml.as_deref().unwrap_or("")),
+            test_config(self.config_toml.as_deref().unwrap_or(""), dir.path()),
         )
         .unwrap();
         let log = dir.path().join("daemon.log");
@@ -86,10 +261,21 @@ impl DaemonBuilder {
             args.push(value.into());
         }
         args.extend(["--log-level".into(), "debug".into()]);
+        // The run's driver, unless this test picks one itself.
+        let picks_driver = self.args.iter().any(|a| a.starts_with("--cgroup-driver"))
+            || self
+                .config_toml
+                .as_deref()
+                .and_then(|t| t.parse::<toml::Table>().ok())
+                .is_some_and(|t| t.contains_key("cgroup_driver"));
+        if let (false, Some(driver)) = (picks_driver, cgroup_driver_from_env()) {
+            args.extend(["--cgroup-driver".into(), driver.into()]);
+        }
         args.extend(self.args.iter().map(Into::into));
         let mut daemon = Daemon {
             child: None,
             args,
+            env: self.env,
             socket,
             root,
             run_dir,
@@ -107,6 +293,7 @@ impl DaemonBuilder {
 pub struct Daemon {
     child: Option<Child>,
     args: Vec<std::ffi::OsString>,
+    env: Vec<(String, String)>,
     pub socket: PathBuf,
     pub root: PathBuf,
     pub run_dir: PathBuf,
@@ -126,6 +313,7 @@ impl Daemon {
             .unwrap();
         let child = Command::new(crust_bin())
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -162,6 +350,20 @@ impl Daemon {
         self.dir.as_ref().expect("temp dir").path()
     }
 
+    /// The daemon's NRI socket (unless the test's config names another).
+    pub fn nri_socket(&self) -> PathBuf {
+        self.temp_dir().join(NRI_SOCKET)
+    }
+
+    /// Where the daemon looks for pre-installed NRI plugins and their
+    /// configuration (unless the test's config names others).
+    pub fn nri_plugin_dirs(&self) -> (PathBuf, PathBuf) {
+        (
+            self.temp_dir().join("nri/plugins"),
+            self.temp_dir().join("nri/conf.d"),
+        )
+    }
+
     /// Stops and removes every pod sandbox of the daemon through the API.
     pub async fn remove_all_pods(&self) {
         remove_all_pods(&self.socket).await;
@@ -172,7 +374,12 @@ impl Daemon {
     }
 
     async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // An emulated VM (TCG) starts a debug daemon far slower than a host.
+        let secs = std::env::var("CRUST_TEST_DAEMON_START_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20);
+        let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
@@ -242,6 +449,30 @@ impl Daemon {
             let _ = child.wait();
             panic!("crust daemon did not exit within {timeout:?} after {signal}")
         })
+    }
+
+    /// Waits for the daemon to exit by itself (a crash point killed it);
+    /// None if it still runs after `timeout` (it is left running).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("daemon running");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Whether the daemon process is running (not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGTERM, as an init system stops it.
@@ -327,8 +558,10 @@ pub fn run_crust(args: &[&str]) -> std::process::Output {
 
 /// The test's config with `network.install_default_conflist = false` added
 /// unless the test sets it: a test daemon gets a network only from the
-/// test (see [`TestNetwork`]).
-fn test_config(toml_text: &str) -> String {
+/// test (see [`TestNetwork`]). Likewise NRI's socket and plugin dirs are
+/// the daemon's own, under `dir` (parallel daemons on the default socket
+/// would collide, and a test daemon must not start the host's plugins).
+fn test_config(toml_text: &str, dir: &Path) -> String {
     let Ok(mut table) = toml_text.parse::<toml::Table>() else {
         // Invalid on purpose: the daemon reports it.
         return toml_text.to_string();
@@ -340,6 +573,19 @@ fn test_config(toml_text: &str) -> String {
         network
             .entry("install_default_conflist")
             .or_insert(toml::Value::Boolean(false));
+    }
+    let nri = table
+        .entry("nri")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let Some(nri) = nri.as_table_mut() {
+        for (key, rel) in [
+            ("socket_path", NRI_SOCKET),
+            ("plugin_path", "nri/plugins"),
+            ("plugin_config_path", "nri/conf.d"),
+        ] {
+            nri.entry(key)
+                .or_insert_with(|| toml::Value::String(dir.join(rel).display().to_string()));
+        }
     }
     table.to_string()
 }

@@ -1036,6 +1036,81 @@ async fn bad_inputs_are_clear_errors_and_leave_nothing() {
     drop(e.net);
 }
 
+/// UpdateContainerResources cannot write outside the container's cgroup
+/// (issue 17: `{"../../tmp/x": "1"}` overwrote a host file and
+/// `{"cgroup.procs": "1"}` moved PID 1 into the container's cgroup, on
+/// cgroup v2): every escape form of a `unified` key is refused with
+/// InvalidArgument naming the key, before anything is written, on any
+/// host; the host file, PID 1's cgroup and the container's processes are
+/// untouched, and the container runs on.
+#[tokio::test(flavor = "multi_thread")]
+async fn update_resources_never_writes_outside_the_cgroup() {
+    let mut e = env().await;
+    let pod = e.pod("unified", "").await;
+    let id = e.run(&pod, e.container("c")).await;
+    let pid = e.pid_of(&id).await;
+    // Removed on drop, also when an assertion fails.
+    let victim = tempfile::Builder::new()
+        .prefix("crust-pwn-")
+        .tempfile_in("/tmp")
+        .unwrap();
+    std::fs::write(victim.path(), b"untouched").unwrap();
+    let up = format!("{}{}", "../".repeat(16), victim.path().display());
+    let init_cgroup = std::fs::read_to_string("/proc/1/cgroup").unwrap();
+    let procs = cgroup_file(pid, "memory", "cgroup.procs");
+    let long = format!("{}/x", "a".repeat(10_000));
+    for key in [
+        up.as_str(),
+        "cgroup.procs",
+        "cgroup.subtree_control",
+        "cgroup.kill",
+        "cgroup.freeze",
+        "memory.max/../../cgroup.procs",
+        "../memory.max",
+        "/etc/passwd",
+        "..",
+        ".",
+        "memory..max",
+        "memory.",
+        ".max",
+        "memory.max\0",
+        "memory.max\n",
+        "nosuch.file",
+        "devices.allow",
+        "",
+        long.as_str(),
+    ] {
+        let key = key.to_string();
+        let err =
+            e.rt.update_container_resources(v1::UpdateContainerResourcesRequest {
+                container_id: id.clone(),
+                linux: Some(v1::LinuxContainerResources {
+                    unified: [(key.clone(), "1".to_string())].into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect_err(&format!("{key:?} accepted"));
+        let m = err.message();
+        assert_eq!(err.code(), Code::InvalidArgument, "{key:?}: {err}");
+        assert!(m.starts_with("linux.unified"), "{key:?}: {m}");
+        let shown: String = format!("{key:?}").chars().take(100).collect();
+        let shown = shown.trim_end_matches('"');
+        assert!(m.contains(shown), "{key:?}: the key is not named: {m}");
+        assert!(m.len() <= 1024, "{key:?}: a {}-byte message", m.len());
+    }
+    assert_eq!(std::fs::read(victim.path()).unwrap(), b"untouched");
+    assert_eq!(
+        std::fs::read_to_string("/proc/1/cgroup").unwrap(),
+        init_cgroup
+    );
+    assert_eq!(cgroup_file(pid, "memory", "cgroup.procs"), procs);
+    let (s, _) = e.status(&id).await;
+    assert_eq!(s.state, v1::ContainerState::ContainerRunning as i32);
+    assert_eq!(e.sh(&id, "echo ok").await, (0, "ok\n".into()));
+}
+
 /// Processes ExecSync starts are confined like the container's own
 /// (seccomp, capabilities, no_new_privs).
 async fn exec_is_confined(handler: &str) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crust_tests::crust_api::{v1, v1alpha2};
 use crust_tests::tonic::Code;
-use crust_tests::{Daemon, run_crust};
+use crust_tests::{Daemon, Need, cgroup_driver, require, run_crust};
 use nix::sys::signal::Signal;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -117,7 +117,7 @@ async fn verbose_status_holds_the_effective_config() {
     assert_eq!(config["log_level"], "debug");
     assert_eq!(config["log_format"], "json");
     assert_eq!(config["registry"]["config_dir"], "/etc/test-certs.d");
-    assert_eq!(config["cgroup_driver"], "cgroupfs");
+    assert_eq!(config["cgroup_driver"], cgroup_driver());
     let hierarchy: String = serde_json::from_str(&s.info["cgroupHierarchy"]).unwrap();
     assert!(["v1", "hybrid", "v2"].contains(&hierarchy.as_str()));
     // JSON logs were asked for: every line is a JSON object.
@@ -139,17 +139,16 @@ async fn runtime_config_reports_the_cgroup_driver() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(
-        rc.linux.unwrap().cgroup_driver,
-        v1::CgroupDriver::Cgroupfs as i32
-    );
+    let want = match cgroup_driver() {
+        "systemd" => v1::CgroupDriver::Systemd,
+        _ => v1::CgroupDriver::Cgroupfs,
+    };
+    assert_eq!(rc.linux.unwrap().cgroup_driver, want as i32);
 }
 
 #[test]
 fn systemd_driver_needs_systemd() {
-    if std::path::Path::new("/run/systemd/system").is_dir() {
-        return; // covered only on hosts without systemd as init
-    }
+    require!(Need::NoSystemd);
     let dir = tempfile::tempdir().unwrap();
     let out = run_crust(&[
         "daemon",
@@ -265,6 +264,42 @@ async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
         .await;
     assert!(d.socket.exists(), "SIGKILL cannot remove the socket");
     d.start_again().await;
+}
+
+/// A second daemon on the run dir of a running one (with a socket and a
+/// root of its own) is refused, as one on its root is
+/// (`two_daemons_cannot_share_a_root`): its recovery would take the first
+/// one's pods for orphans and unpin them (issue 17).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_daemon_on_the_same_run_dir_is_refused() {
+    let d = Daemon::start().await;
+    let other = tempfile::tempdir().unwrap();
+    let socket = other.path().join("other.sock");
+    let out = run_crust(&[
+        "daemon",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--root",
+        other.path().join("root").to_str().unwrap(),
+        "--run-dir",
+        d.run_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the run dir {} is in use by another crust daemon (pid {})",
+            d.run_dir.display(),
+            d.pid()
+        )),
+        "{err}"
+    );
+    assert!(!socket.exists(), "the refused daemon served");
+    d.runtime_v1()
+        .await
+        .version(v1::VersionRequest::default())
+        .await
+        .unwrap();
 }
 
 #[test]
@@ -391,4 +426,129 @@ async fn two_daemons_cannot_share_a_root() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("metadata store"), "{err}");
     assert!(!dir.path().join("other.sock").exists());
+}
+
+/// A tmpfs of `size` at a temp dir, unmounted on drop.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(format!("size={size},mode=0711").as_str()),
+        )
+        .expect("mount a tmpfs (run as root)");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn runtime_ready(s: &v1::StatusResponse) -> v1::RuntimeCondition {
+    s.status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.r#type == "RuntimeReady")
+        .cloned()
+        .unwrap()
+}
+
+/// A full disk under the root: the first failed metadata write used to
+/// poison the store for good (every later write: "Previous I/O error
+/// occurred") while Status kept saying RuntimeReady. Now Status says not
+/// ready, with the reason, until writes work again, and then the daemon
+/// works on without a restart (issue 17).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_root_makes_the_runtime_not_ready_until_there_is_room() {
+    let fs = Tmpfs::mount("16m");
+    let d = Daemon::builder()
+        .root(fs.0.path().join("root"))
+        .start()
+        .await;
+    let mut rt = d.runtime_v1().await;
+    let pod = |name: &str| v1::RunPodSandboxRequest {
+        config: Some(v1::PodSandboxConfig {
+            metadata: Some(v1::PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "crust-test".into(),
+                attempt: 0,
+            }),
+            linux: Some(v1::LinuxPodSandboxConfig {
+                security_context: Some(v1::LinuxSandboxSecurityContext {
+                    namespace_options: Some(v1::NamespaceOption {
+                        network: v1::NamespaceMode::Node as i32,
+                        pid: v1::NamespaceMode::Container as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            // Big records: the store's file must grow to take them.
+            annotations: (0..3)
+                .map(|i| (format!("big-{i}"), "x".repeat(80 << 10)))
+                .collect(),
+            ..Default::default()
+        }),
+        runtime_handler: String::new(),
+    };
+    assert!(runtime_ready(&status(&d, false).await).status);
+
+    // Fill the filesystem.
+    let filler = fs.0.path().join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 64 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        for _ in 0..64 {
+            let _ = f.write_all(&[0u8; 512]);
+        }
+    }
+    // Pods until a metadata write fails (a record may still fit a page).
+    let mut failed = None;
+    for i in 0..50 {
+        if let Err(e) = rt.run_pod_sandbox(pod(&format!("full-{i}"))).await {
+            failed = Some(e);
+            break;
+        }
+    }
+    let failed = failed.expect("RunPodSandbox fails on a full disk");
+    assert!(
+        failed.message().contains("metadata store") && failed.message().contains("No space left"),
+        "{}",
+        failed.message()
+    );
+    let cond = runtime_ready(&status(&d, false).await);
+    assert!(!cond.status, "{cond:?}");
+    assert_eq!(cond.reason, "MetadataStoreNotWritable");
+    assert!(cond.message.contains("No space left"), "{cond:?}");
+
+    // Room again: ready again, and pods run, without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    let cond = runtime_ready(&status(&d, false).await);
+    assert!(cond.status, "{cond:?}");
+    let id = rt
+        .run_pod_sandbox(pod("after"))
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    rt.remove_pod_sandbox(v1::RemovePodSandboxRequest { pod_sandbox_id: id })
+        .await
+        .unwrap();
+    d.remove_all_pods().await;
+    drop(rt);
+    drop(d);
 }

@@ -1162,11 +1162,20 @@ fi"#,
     assert_eq!(net.leases().len(), 1);
     d.signal_and_wait(nix::sys::signal::Signal::SIGKILL, Duration::from_secs(5))
         .await;
+    // The plugin dies with the daemon (its parent-death signal): nothing
+    // runs on to race the recovery.
     let plugin_pid: i32 = read(&pid_file).trim().parse().unwrap();
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(plugin_pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while crust_tests::process_alive(plugin_pid) {
+        if Instant::now() > deadline {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(plugin_pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("the CNI plugin outlived the daemon");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(pending.await.unwrap().is_err());
     assert!(
         !mounts_under(&d.run_dir).is_empty(),
@@ -1207,6 +1216,40 @@ async fn pods_whose_namespaces_are_gone_after_a_reboot_are_not_ready() {
     assert_eq!(info["state"], "notready");
     remove(&mut rt, &id).await.unwrap();
     assert_nothing_left(&d, &mut rt, &parent, None).await;
+}
+
+/// A CNI pod whose namespaces are gone (a reboot) leaves empty pin files
+/// that are no namespaces: CNI DEL gets an empty CNI_NETNS, as for a
+/// namespace that is gone, and releases the address, instead of failing
+/// ("unknown FS magic") on every Stop and Remove, for good (issue 17; the
+/// same state a crash between creating a pin and mounting it left, see
+/// tests/crash.rs).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cni_pod_whose_namespaces_are_gone_is_removed_and_its_address_released() {
+    let mut d = Daemon::start().await;
+    let parent = CgroupParent::new("unpinned");
+    let net = TestNetwork::install(&d, &[]);
+    let mut rt = d.runtime_v1().await;
+    let id = run(&mut rt, pod_config("unpinned", &parent)).await.unwrap();
+    assert_eq!(net.leases().len(), 1);
+    drop(rt);
+    d.signal_and_wait(nix::sys::signal::Signal::SIGKILL, Duration::from_secs(10))
+        .await;
+    // What a reboot does: every mount of the run dir goes (the pin files
+    // stay, empty), and so do the iptables rules.
+    for mount in mounts_under(&d.run_dir).into_iter().rev() {
+        nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    }
+    crust_tests::remove_iptables_rules_mentioning(&net.name);
+    let pin = d.run_dir.join("pods").join(&id).join("ns/net");
+    assert!(pin.is_file() && !ns::is_pinned(&pin));
+    d.start_again().await;
+    let mut rt = d.runtime_v1().await;
+    let (s, _) = status(&mut rt, &id).await;
+    assert_eq!(s.state, v1::PodSandboxState::SandboxNotready as i32);
+    stop(&mut rt, &id).await.unwrap();
+    remove(&mut rt, &id).await.unwrap();
+    assert_nothing_left(&d, &mut rt, &parent, Some(&net)).await;
 }
 
 /// Latency of RunPodSandbox + StopPodSandbox + RemovePodSandbox over 100

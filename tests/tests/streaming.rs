@@ -13,7 +13,7 @@ use crust_tests::crust_api::v1;
 use crust_tests::registry::*;
 use crust_tests::tonic::Code;
 use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, TestNetwork};
+use crust_tests::{Daemon, Need, TestNetwork, require};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -28,9 +28,17 @@ const MIB: usize = 1024 * 1024;
 // ---- clients ---------------------------------------------------------------
 
 /// The streaming crate's node client (spdy-transport + ws), installed once
-/// per test binary under the target dir. `None` (the test is skipped with a
-/// message) when node or its packages are missing.
+/// per test binary under the target dir. `None` when node or its packages
+/// are missing: the parts of a test that need it are skipped, saying so.
 fn node_dir() -> Option<&'static Path> {
+    let dir = install_node_client();
+    if dir.is_none() {
+        crust_tests::skipped("the node client's parts (node or npm is missing)");
+    }
+    dir
+}
+
+fn install_node_client() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
         if std::process::Command::new("node")
@@ -38,7 +46,7 @@ fn node_dir() -> Option<&'static Path> {
             .output()
             .is_err()
         {
-            eprintln!("SKIP: node is not installed");
+            eprintln!("node is not installed");
             return None;
         }
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streaming/tests/node");
@@ -56,7 +64,7 @@ fn node_dir() -> Option<&'static Path> {
                 .expect("run npm");
             if !out.status.success() {
                 eprintln!(
-                    "SKIP: npm install failed: {}",
+                    "npm install failed: {}",
                     String::from_utf8_lossy(&out.stderr)
                 );
                 return None;
@@ -870,10 +878,7 @@ async fn exec_runs_through_the_monitor_over_spdy_and_websocket() {
 /// process starts (see the note in the streaming issue).
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_with_a_tty_gets_the_clients_size_over_spdy_and_websocket() {
-    if !runc_installed() {
-        eprintln!("SKIP: runc is not installed");
-        return;
-    }
+    require!(Need::Runc);
     let mut e = env("runc").await;
     let id = e.container("tty", |_| {}).await;
     let url = e

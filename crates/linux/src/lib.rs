@@ -7,8 +7,7 @@
 //!   dir; [`ns::unpin_namespaces`] undoes it. [`ns::run_in_namespaces`] runs a
 //!   closure inside pinned namespaces (port-forward dials, checks);
 //!   [`ns::apply_sysctls`] writes sysctls into them later (after CNI ADD).
-//! - `cgroups::PodCgroup` (feature `cgroups`) is the pod's cgroup under
-//!   kubelet's `cgroup_parent`.
+//! - (cgroups are crates/cgroups' business.)
 //! - [`sysctl`] decides which sysctls a pod may set.
 //! - [`mounts`] holds the pod's shared `/dev/shm` and containers' overlays;
 //!   [`mountinfo`] reads the mount table.
@@ -19,9 +18,10 @@
 //!
 //! For image layers and crust's own files: [`fs`] (fd-relative, never
 //! following a symlink).
+//!
+//! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
+//! that die with the daemon).
 
-#[cfg(feature = "cgroups")]
-pub mod cgroups;
 pub mod children;
 pub mod console;
 mod error;
@@ -31,6 +31,7 @@ pub mod mounts;
 pub mod ns;
 pub mod poll;
 pub mod process;
+pub mod spawn;
 pub mod sysctl;
 
 pub use error::Error;

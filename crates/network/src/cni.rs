@@ -231,9 +231,11 @@ impl Cni {
     /// Detaches the pod: DEL through each plugin in reverse order, with the
     /// ADD's result as prevResult (CNI 0.4.0+; None takes it from the cache
     /// if there is one). Idempotent: plugins treat an attachment that is
-    /// already gone as deleted, and a netns that no longer exists is passed
-    /// as empty CNI_NETNS so IPAM still releases the address. Every plugin
-    /// runs even if an earlier one fails; the first error is returned.
+    /// already gone as deleted, and a netns that no longer exists (or is
+    /// no namespace: a file nothing is mounted on, see [`is_mount_point`])
+    /// is passed as empty CNI_NETNS so IPAM still releases the address.
+    /// Every plugin runs even if an earlier one fails; the first error is
+    /// returned.
     ///
     /// Run DEL while the namespace is still pinned: the bridge plugin finds
     /// its ipMasq rules through the addresses inside it, so a DEL after
@@ -253,6 +255,48 @@ impl Cni {
         let prev = prev_result.or(cached.as_ref().map(|c| &c.result));
         self.del_plugins(net, att, prev, version).await?;
         self.remove_cache(&net.name, &att.container_id, &att.ifname)
+    }
+
+    /// Removes the temp files of cache writes a crash cut short (ADD
+    /// writes `<name>.json.tmp` and renames it); call it at start, before
+    /// any ADD. Returns how many there were.
+    pub fn remove_cache_temp_files(&self) -> Result<usize, Error> {
+        let Some(dir) = &self.cache_dir else {
+            return Ok(0);
+        };
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(source) => {
+                return Err(Error::Io {
+                    op: "read CNI cache dir",
+                    path: dir.clone(),
+                    source,
+                });
+            }
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            if !entry
+                .file_name()
+                .to_string_lossy()
+                .ends_with(CACHE_TEMP_SUFFIX)
+            {
+                continue;
+            }
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(Error::Io {
+                        op: "remove CNI cache temp file",
+                        path: entry.path(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// The record [`Cni::add`] left for this attachment, if any.
@@ -295,7 +339,7 @@ impl Cni {
     ) -> Result<(), Error> {
         // prevResult on DEL arrived with 0.4.0.
         let prev = prev.filter(|_| version >= Version(0, 4, 0));
-        let netns = if att.netns.exists() {
+        let netns = if is_mount_point(&att.netns) {
             att.netns.clone()
         } else {
             PathBuf::new()
@@ -451,7 +495,7 @@ impl Cni {
         };
         let dir = path.parent().unwrap_or(Path::new("/"));
         std::fs::create_dir_all(dir).map_err(io("create CNI cache dir", dir))?;
-        let tmp = path.with_extension("json.tmp");
+        let tmp = path.with_extension(&CACHE_TEMP_SUFFIX[1..]);
         let bytes = serde_json::to_vec(&record).map_err(|e| Error::Io {
             op: "encode CNI cache",
             path: path.clone(),
@@ -523,6 +567,23 @@ fn plugin_stdin(
 }
 
 /// The CNI spec's network name charset (it names files in the cache dir).
+/// How the temp file of a cache write ends (`<name>.json.tmp`).
+const CACHE_TEMP_SUFFIX: &str = ".json.tmp";
+
+/// Whether something is mounted on `path` (it sits on another device
+/// than its dir): a pinned namespace is a bind mount of nsfs, and
+/// `/proc/<pid>/ns/net` leads to nsfs too. A missing path is not, nor an
+/// empty file left where a pin was to be mounted: plugins refuse such a
+/// CNI_NETNS ("unknown FS magic") on every DEL, for good.
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = path.parent().map(std::fs::metadata);
+    match (std::fs::metadata(path), parent) {
+        (Ok(m), Some(Ok(p))) => m.dev() != p.dev(),
+        _ => false,
+    }
+}
+
 fn validate_network_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= 128
@@ -569,6 +630,34 @@ mod tests {
             plugins: plugins.as_array().unwrap().clone(),
             source: "/etc/cni/net.d/10-crust.conflist".into(),
         }
+    }
+
+    #[test]
+    fn temp_files_of_cut_short_cache_writes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cni = Cni::with_default_dirs().with_cache_dir(dir.path().join("cache"));
+        assert_eq!(cni.remove_cache_temp_files().unwrap(), 0, "no dir yet");
+        std::fs::create_dir(dir.path().join("cache")).unwrap();
+        let keep = dir.path().join("cache/crust-abc-eth0.json");
+        std::fs::write(&keep, b"{}").unwrap();
+        std::fs::write(dir.path().join("cache/crust-abc-eth0.json.tmp"), b"{").unwrap();
+        assert_eq!(cni.remove_cache_temp_files().unwrap(), 1);
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
+            .unwrap()
+            .collect();
+        assert_eq!(left.len(), 1);
+        assert!(keep.exists());
+    }
+
+    #[test]
+    fn only_a_mounted_netns_is_passed_to_del() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("net");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(!is_mount_point(&empty), "an empty pin file is no namespace");
+        assert!(!is_mount_point(&dir.path().join("missing")));
+        // Another filesystem than its dir's: /proc/self/ns/net leads to nsfs.
+        assert!(is_mount_point(Path::new("/proc/self/ns/net")));
     }
 
     #[test]

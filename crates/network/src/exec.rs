@@ -27,8 +27,9 @@ struct PluginError {
 
 /// Runs the plugin at `path` with exactly `env` (the environment is not
 /// inherited) and `stdin`, and returns its stdout if it succeeded. The
-/// process is killed when `timeout` passes or the returned future is
-/// dropped.
+/// process is killed when `timeout` passes, the returned future is
+/// dropped, or the daemon dies (call it from an async task: the spawning
+/// thread must be a runtime worker, see `crust_linux::spawn`).
 pub(crate) async fn run_plugin(
     plugin: &str,
     command: &'static str,
@@ -45,6 +46,9 @@ pub(crate) async fn run_plugin(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    // A plugin must not outlive a daemon killed mid-ADD: a recovery's DEL
+    // would race its half-done work, and a hanging one would run on.
+    crust_linux::spawn::die_with_parent(cmd.as_std_mut());
     let mut child = spawn(&mut cmd, path).await?;
     let (Some(mut child_stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())

@@ -188,6 +188,13 @@ impl Nri {
         self.inner.is_some()
     }
 
+    /// Whether some plugin is registered: a runtime may skip gathering
+    /// what only plugins would be shown. (Under a [`SyncBlock`] no plugin
+    /// can become registered.)
+    pub fn has_plugins(&self) -> bool {
+        self.active().is_some()
+    }
+
     /// The registered plugins, in invocation order.
     pub fn plugins(&self) -> Vec<PluginInfo> {
         let Some(inner) = &self.inner else {
@@ -330,13 +337,13 @@ impl Nri {
             return Ok(());
         };
         let pod = pod();
-        if !inner.needs_stopping(&pod.id) {
+        if !inner.begin_stop(&pod.id) {
             return Ok(());
         }
         let req = StopPodSandboxRequest {
             pod: Some(pod.clone()),
         };
-        let result = inner
+        inner
             .notify(
                 &plugins,
                 Event::StopPodSandbox,
@@ -345,9 +352,7 @@ impl Nri {
                 Some(&pod),
                 None,
             )
-            .await;
-        inner.set_state(&pod.id, State::Stopped);
-        result
+            .await
     }
 
     /// RemovePodSandbox: call once the pod is gone. Sent once per pod.
@@ -359,13 +364,13 @@ impl Nri {
             return Ok(());
         };
         let pod = pod();
-        if !inner.needs_removal(&pod.id) {
+        if inner.begin_remove(&pod.id).is_none() {
             return Ok(());
         }
         let req = RemovePodSandboxRequest {
             pod: Some(pod.clone()),
         };
-        let result = inner
+        inner
             .notify(
                 &plugins,
                 Event::RemovePodSandbox,
@@ -374,9 +379,7 @@ impl Nri {
                 Some(&pod),
                 None,
             )
-            .await;
-        inner.forget(&pod.id);
-        result
+            .await
     }
 
     // ---- container lifecycle -------------------------------------------
@@ -568,12 +571,10 @@ impl Nri {
             return Ok(Vec::new());
         };
         let (pod, c) = req();
-        if !inner.needs_stopping(&c.id) {
+        if !inner.begin_stop(&c.id) {
             return Ok(Vec::new());
         }
-        let result = inner.stop_container(&plugins, pod, c.clone()).await;
-        inner.set_state(&c.id, State::Stopped);
-        result
+        inner.stop_container(&plugins, pod, c).await
     }
 
     /// A container exited on its own: plugins get StopContainer (once; a
@@ -608,10 +609,10 @@ impl Nri {
             return Ok(());
         };
         let (pod, c) = req();
-        if !inner.needs_removal(&c.id) {
+        let Some(was) = inner.begin_remove(&c.id) else {
             return Ok(());
-        }
-        if inner.needs_stopping(&c.id)
+        };
+        if matches!(was, State::Created | State::Running)
             && let Err(e) = inner.stop_container(&plugins, pod.clone(), c.clone()).await
         {
             tracing::warn!(container = %c.id, "NRI StopContainer before removal: {e}");
@@ -620,7 +621,7 @@ impl Nri {
             pod: Some(pod.clone()),
             container: Some(c.clone()),
         };
-        let result = inner
+        inner
             .notify(
                 &plugins,
                 Event::RemoveContainer,
@@ -629,9 +630,7 @@ impl Nri {
                 Some(&pod),
                 Some(&c),
             )
-            .await;
-        inner.forget(&c.id);
-        result
+            .await
     }
 
     /// The plugins, if any is registered (the cheap no-op check).
@@ -685,15 +684,24 @@ impl Inner {
         self.states.lock().unwrap().insert(id.to_string(), s);
     }
 
-    fn forget(&self, id: &str) {
-        self.states.lock().unwrap().remove(id);
+    /// Marks a pod or container stopped; true if plugins are yet to be
+    /// told (it was created or running). Check and mark are one step, so
+    /// that of two concurrent stops (StopContainer and the exit watcher)
+    /// exactly one sends the event.
+    fn begin_stop(&self, id: &str) -> bool {
+        match self.states.lock().unwrap().get_mut(id) {
+            Some(s @ (State::Created | State::Running)) => {
+                *s = State::Stopped;
+                true
+            }
+            _ => false,
+        }
     }
 
-    fn needs_stopping(&self, id: &str) -> bool {
-        matches!(
-            self.states.lock().unwrap().get(id),
-            Some(State::Created | State::Running)
-        )
+    /// Forgets a pod or container; its state if plugins are yet to be told
+    /// of its removal (one step, as [`Inner::begin_stop`]).
+    fn begin_remove(&self, id: &str) -> Option<State> {
+        self.states.lock().unwrap().remove(id)
     }
 
     fn needs_removal(&self, id: &str) -> bool {
@@ -1025,12 +1033,17 @@ impl RuntimeService {
                 format!("bad RegisterPluginRequest: {e}"),
             )
         })?;
-        let Some(tx) = self.registered.lock().unwrap().take() else {
+        // The sender is taken only once the registration is accepted: a
+        // refused plugin gets its error answer (dropping the sender would
+        // close the connection, maybe before the answer is out) and then
+        // disconnects, or is dropped at the registration timeout.
+        let mut slot = self.registered.lock().unwrap();
+        if slot.is_none() {
             return Err(Status::new(
                 Code::FailedPrecondition,
                 "plugin is already registered",
             ));
-        };
+        }
         let (index, base) = match &self.preset {
             Some(p) => p.clone(),
             None => {
@@ -1054,7 +1067,9 @@ impl RuntimeService {
             ));
         }
         registering.insert(name);
-        let _ = tx.send((index, base));
+        if let Some(tx) = slot.take() {
+            let _ = tx.send((index, base));
+        }
         Ok(())
     }
 }

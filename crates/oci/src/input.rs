@@ -1,7 +1,7 @@
 //! What spec generation needs besides the CRI messages: the image's config,
 //! facts about the pod the daemon keeps, node-wide runtime facts, and a small
 //! [`Host`] trait for the few host look-ups (path resolution, device nodes,
-//! mount propagation, seccomp profile files) so the crate itself does no I/O.
+//! mount propagation, seccomp profile files, loaded AppArmor profiles) so the crate itself does no I/O.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -116,6 +116,10 @@ pub struct RuntimeFacts {
     /// rlimits to set on every container process (daemon config). Empty, the
     /// containerd default, means the runtime's own limits are inherited.
     pub rlimits: Vec<PosixRlimit>,
+    /// The node enforces AppArmor: the name of the daemon's default profile
+    /// (what RuntimeDefault and an unset profile mean). None: no AppArmor
+    /// on the node.
+    pub apparmor_default_profile: Option<String>,
 }
 
 impl Default for RuntimeFacts {
@@ -132,6 +136,7 @@ impl Default for RuntimeFacts {
             unset_seccomp: UnsetSeccomp::Unconfined,
             seccomp_arch: SeccompArch::host(),
             rlimits: Vec::new(),
+            apparmor_default_profile: None,
         }
     }
 }
@@ -240,6 +245,11 @@ pub trait Host {
     /// The contents of a seccomp profile file. Implementations bound the read
     /// (the crate rejects anything over [`crate::MAX_SECCOMP_PROFILE_BYTES`]).
     fn read_seccomp_profile(&self, path: &Path) -> io::Result<String>;
+
+    /// Whether an AppArmor profile of this name is loaded in the kernel.
+    /// Asked only on a node with AppArmor. For the daemon's default profile
+    /// the daemon loads it when missing (an error says why it could not).
+    fn apparmor_profile_loaded(&self, name: &str) -> io::Result<bool>;
 }
 
 /// Everything [`crate::container_spec`] takes.

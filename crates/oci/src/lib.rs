@@ -29,13 +29,15 @@
 //! - Image volume mounts are the caller's to resolve: the daemon mounts the
 //!   image read-only and passes a read-only bind mount of it; an unresolved
 //!   `mounts[].image` is refused.
-//! - Not implemented, rejected with a clear error: user namespaces, id-mapped
-//!   mounts, CDI devices, AppArmor Localhost profiles.
+//! - Not implemented, rejected with a clear error: CDI devices, AppArmor
+//!   Localhost profiles on a node without AppArmor.
 //!   Ignored: SELinux options and relabelling (no SELinux on crust hosts),
-//!   AppArmor RuntimeDefault (no AppArmor), image `Volumes` (no anonymous
+//!   AppArmor RuntimeDefault on a node without AppArmor (see [`apparmor`]
+//!   for the node with it), image `Volumes` (no anonymous
 //!   volumes: the directories already exist in the image, as with CRI-O's
 //!   `image_volumes = "ignore"`).
 
+mod apparmor;
 mod caps;
 mod cgroup;
 mod compat;

@@ -3,12 +3,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crust_api::v1::{
-    ContainerConfig, PodSandboxConfig, SecurityProfile, security_profile::ProfileType,
-};
+use crust_api::v1::{ContainerConfig, PodSandboxConfig};
 use oci_spec::runtime::{Linux, LinuxResources, Mount, Process, Root, Spec, User};
 use serde::de::DeserializeOwned;
 
+use crate::apparmor::container_apparmor;
 use crate::caps::{ALL_CAPABILITIES, capabilities, no_capabilities};
 use crate::cgroup::cgroups_path;
 use crate::devices::{container_devices, deny_all};
@@ -99,10 +98,6 @@ fn path_list(field: &str, given: &[String], default: &[&str]) -> Result<Vec<Stri
         .collect()
 }
 
-fn is_localhost_profile(p: Option<&SecurityProfile>) -> bool {
-    p.is_some_and(|p| p.profile_type == ProfileType::Localhost as i32)
-}
-
 /// The pod's user namespace mappings, which the runtime needs besides the
 /// namespace's path (to own the container's /dev, for id-mapped mounts).
 fn set_user_mappings(linux: &mut Linux, pod: &crate::PodFacts) {
@@ -120,22 +115,9 @@ fn set_user_mappings(linux: &mut Linux, pod: &crate::PodFacts) {
 }
 
 /// Requests crust cannot honour, rejected up front.
-#[allow(deprecated)]
 fn reject_unsupported(config: &ContainerConfig) -> Result<(), SpecError> {
     if !config.cdi_devices.is_empty() {
         return Err(SpecError::unsupported("config.CDI_devices", "CDI devices"));
-    }
-    if let Some(sc) = config
-        .linux
-        .as_ref()
-        .and_then(|l| l.security_context.as_ref())
-        && (is_localhost_profile(sc.apparmor.as_ref())
-            || sc.apparmor_profile.starts_with("localhost/"))
-    {
-        return Err(SpecError::unsupported(
-            "config.linux.security_context.apparmor",
-            "AppArmor (the host has no AppArmor)",
-        ));
     }
     Ok(())
 }
@@ -193,6 +175,7 @@ pub fn container_spec(input: &SpecInput<'_>) -> Result<Spec, SpecError> {
     let bounding = caps.bounding().clone().unwrap_or_default();
     let seccomp = container_seccomp(sc, &bounding, runtime, input.host)?;
     let oom = oom_score_adj(res, runtime.min_oom_score_adj)?;
+    let apparmor = container_apparmor(sc, privileged, runtime, input.host)?;
 
     let mut user: User = blank("{}");
     user.set_uid(who.uid);
@@ -208,6 +191,7 @@ pub fn container_spec(input: &SpecInput<'_>) -> Result<Spec, SpecError> {
     process.set_capabilities(Some(caps));
     process.set_no_new_privileges(Some(sc.is_some_and(|s| s.no_new_privs)));
     process.set_oom_score_adj(oom);
+    process.set_apparmor_profile(apparmor);
     if !runtime.rlimits.is_empty() {
         process.set_rlimits(Some(runtime.rlimits.clone()));
     }

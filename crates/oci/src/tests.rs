@@ -29,6 +29,8 @@ struct FakeHost {
     devices: HashMap<PathBuf, Vec<HostDevice>>,
     all_devices: Vec<HostDevice>,
     profiles: HashMap<PathBuf, String>,
+    /// Loaded AppArmor profiles.
+    apparmor: HashSet<String>,
     /// Fail every look-up with this kind.
     fail: Option<io::ErrorKind>,
 }
@@ -77,6 +79,10 @@ impl Host for FakeHost {
             .get(path)
             .cloned()
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+    fn apparmor_profile_loaded(&self, name: &str) -> io::Result<bool> {
+        self.check()?;
+        Ok(self.apparmor.contains(name))
     }
 }
 
@@ -1630,8 +1636,9 @@ fn seccomp_deprecated_path_in_spec() {
 
 #[test]
 #[allow(deprecated)]
-fn apparmor() {
+fn apparmor_without_apparmor_on_the_node() {
     let mut fx = Fx::new();
+    assert!(process(&fx.ok()).apparmor_profile().is_none());
     fx.sc().apparmor = Some(SecurityProfile {
         profile_type: ProfileType::RuntimeDefault as i32,
         localhost_ref: String::new(),
@@ -1642,11 +1649,185 @@ fn apparmor() {
         localhost_ref: "my-profile".into(),
     });
     assert!(matches!(fx.err(), SpecError::Unsupported { .. }));
+    assert_eq!(
+        fx.err().field(),
+        "config.linux.security_context.apparmor.localhost_ref"
+    );
     fx.sc().apparmor = None;
     fx.sc().apparmor_profile = "localhost/my-profile".into();
-    assert_eq!(fx.err().field(), "config.linux.security_context.apparmor");
+    assert_eq!(
+        fx.err().field(),
+        "config.linux.security_context.apparmor_profile"
+    );
+    assert!(fx.err().to_string().contains("no AppArmor"), "{}", fx.err());
     fx.sc().apparmor_profile = "runtime/default".into();
+    assert!(process(&fx.ok()).apparmor_profile().is_none());
+    fx.sc().apparmor_profile = "unconfined".into();
     assert!(fx.spec().is_ok());
+    // Malformed requests are malformed on any node.
+    fx.sc().apparmor_profile = "docker-default".into();
+    assert_eq!(
+        fx.err().class(),
+        ErrorClass::InvalidArgument,
+        "{}",
+        fx.err()
+    );
+}
+
+/// A node with AppArmor whose default profile is `crust-default` and where
+/// `deny-write` is loaded.
+fn apparmor_fx() -> Fx {
+    let mut fx = Fx::new();
+    fx.runtime.apparmor_default_profile = Some("crust-default".into());
+    fx.host.apparmor = ["crust-default", "deny-write"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    fx
+}
+
+fn aa(fx: &Fx) -> Option<String> {
+    process(&fx.ok()).apparmor_profile().clone()
+}
+
+fn localhost(name: &str) -> Option<SecurityProfile> {
+    Some(SecurityProfile {
+        profile_type: ProfileType::Localhost as i32,
+        localhost_ref: name.into(),
+    })
+}
+
+#[test]
+#[allow(deprecated)]
+fn apparmor_default_unset_and_unconfined() {
+    let mut fx = apparmor_fx();
+    // Unset means the default (kubernetes#51746), like RuntimeDefault.
+    assert_eq!(aa(&fx).as_deref(), Some("crust-default"));
+    fx.sc().apparmor = Some(SecurityProfile {
+        profile_type: ProfileType::RuntimeDefault as i32,
+        localhost_ref: String::new(),
+    });
+    assert_eq!(aa(&fx).as_deref(), Some("crust-default"));
+    fx.sc().apparmor = None;
+    fx.sc().apparmor_profile = "runtime/default".into();
+    assert_eq!(aa(&fx).as_deref(), Some("crust-default"));
+    fx.sc().apparmor_profile = "unconfined".into();
+    assert_eq!(aa(&fx), None);
+    fx.sc().apparmor_profile = String::new();
+    fx.sc().apparmor = Some(SecurityProfile {
+        profile_type: ProfileType::Unconfined as i32,
+        localhost_ref: String::new(),
+    });
+    assert_eq!(aa(&fx), None);
+}
+
+#[test]
+fn apparmor_privileged_is_unconfined_unless_a_profile_is_named() {
+    let mut fx = apparmor_fx();
+    fx.sandbox
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .get_or_insert_default()
+        .privileged = true;
+    fx.sc().privileged = true;
+    assert_eq!(aa(&fx), None);
+    fx.sc().apparmor = Some(SecurityProfile {
+        profile_type: ProfileType::RuntimeDefault as i32,
+        localhost_ref: String::new(),
+    });
+    assert_eq!(aa(&fx), None);
+    fx.sc().apparmor = localhost("deny-write");
+    assert_eq!(aa(&fx).as_deref(), Some("deny-write"));
+}
+
+#[test]
+#[allow(deprecated)]
+fn apparmor_localhost_must_be_loaded() {
+    let mut fx = apparmor_fx();
+    fx.sc().apparmor = localhost("deny-write");
+    assert_eq!(aa(&fx).as_deref(), Some("deny-write"));
+    // The annotation's form, as containerd accepts it.
+    fx.sc().apparmor = localhost("localhost/deny-write");
+    assert_eq!(aa(&fx).as_deref(), Some("deny-write"));
+    fx.sc().apparmor = localhost("non-existent-profile");
+    let err = fx.err();
+    assert_eq!(err.class(), ErrorClass::FailedPrecondition, "{err}");
+    assert_eq!(
+        err.field(),
+        "config.linux.security_context.apparmor.localhost_ref"
+    );
+    assert!(
+        err.to_string()
+            .contains("AppArmor profile \"non-existent-profile\" is not loaded"),
+        "{err}"
+    );
+    // The deprecated string, and the structured field winning over it.
+    fx.sc().apparmor = None;
+    fx.sc().apparmor_profile = "localhost/deny-write".into();
+    assert_eq!(aa(&fx).as_deref(), Some("deny-write"));
+    fx.sc().apparmor_profile = "localhost/non-existent-profile".into();
+    assert_eq!(
+        fx.err().field(),
+        "config.linux.security_context.apparmor_profile"
+    );
+    fx.sc().apparmor = localhost("deny-write");
+    assert_eq!(aa(&fx).as_deref(), Some("deny-write"));
+}
+
+#[test]
+#[allow(deprecated)]
+fn apparmor_bad_names_and_types() {
+    let mut fx = apparmor_fx();
+    for (name, why) in [
+        ("", "empty"),
+        ("localhost/", "empty"),
+        ("a\nb (enforce)", "control characters"),
+        ("x\0", "control characters"),
+    ] {
+        fx.sc().apparmor = localhost(name);
+        let err = fx.err();
+        assert_eq!(err.class(), ErrorClass::InvalidArgument, "{err}");
+        assert!(err.to_string().contains(why), "{name:?}: {err}");
+    }
+    fx.sc().apparmor = localhost(&"p".repeat(5000));
+    let err = fx.err().to_string();
+    assert!(err.contains("longer than"), "{err}");
+    assert!(err.len() < 400, "{err}");
+    fx.sc().apparmor = Some(SecurityProfile {
+        profile_type: 7,
+        localhost_ref: String::new(),
+    });
+    assert_eq!(
+        fx.err().field(),
+        "config.linux.security_context.apparmor.profile_type"
+    );
+    fx.sc().apparmor = Some(SecurityProfile {
+        profile_type: ProfileType::RuntimeDefault as i32,
+        localhost_ref: "deny-write".into(),
+    });
+    assert_eq!(
+        fx.err().field(),
+        "config.linux.security_context.apparmor.localhost_ref"
+    );
+    fx.sc().apparmor = None;
+    fx.sc().apparmor_profile = "x".repeat(10_000);
+    let err = fx.err().to_string();
+    assert!(err.contains("unknown AppArmor profile"), "{err}");
+    assert!(err.len() < 600, "{err}");
+}
+
+#[test]
+fn apparmor_default_that_cannot_be_loaded_is_a_precondition() {
+    let mut fx = apparmor_fx();
+    fx.host.apparmor.clear();
+    let err = fx.err();
+    assert_eq!(err.class(), ErrorClass::FailedPrecondition, "{err}");
+    assert!(err.to_string().contains("crust-default"), "{err}");
+    fx.host.fail = Some(io::ErrorKind::PermissionDenied);
+    let err = fx.err();
+    assert!(err.to_string().contains("loading it failed"), "{err}");
 }
 
 // ---------------------------------------------------------------- pod-level

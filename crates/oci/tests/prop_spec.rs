@@ -100,6 +100,9 @@ impl Host for FakeHost {
         self.get(path)?;
         Ok(r#"{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[{"names":["read","write"],"action":"SCMP_ACT_ALLOW"}]}"#.into())
     }
+    fn apparmor_profile_loaded(&self, name: &str) -> io::Result<bool> {
+        Ok(name.starts_with("loaded"))
+    }
 }
 
 fn baseline_sandbox() -> PodSandboxConfig {

@@ -608,7 +608,17 @@ async fn idle_memory(rt: Rt) {
     );
     drop(a);
     s.shim.wait().await.unwrap();
-    if !cfg!(debug_assertions) {
+    if cfg!(debug_assertions) {
+        // Debug builds are several times larger: the budget is asserted by
+        // `make test`'s release run of this test. Said, past the capture,
+        // so that this run does not read as a checked budget.
+        use std::io::Write;
+        let line = format!(
+            "SKIPPED: idle_memory::{rt:?}: the memory budget is asserted in release builds only \
+             (make test: cargo test --release -p crust-shim --test e2e idle_memory)\n"
+        );
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    } else {
         // The budget of the design (release builds only): under 1 MiB PSS
         // and 2 MiB RSS idle, at most double that with an exec running.
         assert!(idle.pss < 1024, "idle: {idle:?}");

@@ -10,8 +10,16 @@
 //!
 //! Values are JSON: readable with any redb tool when debugging a node, and
 //! tolerant of fields added in later versions (`#[serde(default)]`).
+//!
+//! An I/O error (a full disk) makes redb refuse every later operation
+//! ("Previous I/O error occurred. Please close and re-open the database"),
+//! even once the disk has room again. The store then closes and reopens
+//! the database, and [`Store::health`] says why writes failed until
+//! [`Store::probe`] finds that they work again, so the daemon reports
+//! itself not ready instead of failing every call for good.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, RwLock};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Serialize, de::DeserializeOwned};
@@ -75,6 +83,21 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The database is closed after an I/O error and cannot be reopened
+    /// yet.
+    #[error("metadata store {path} is unavailable: {reason}")]
+    Unavailable { path: String, reason: String },
+}
+
+impl Error {
+    /// An I/O error of the file (or redb's refusal after one): the
+    /// database must be reopened.
+    fn is_io(&self) -> bool {
+        matches!(
+            self,
+            Error::Db(redb::Error::Io(_) | redb::Error::PreviousIo) | Error::Unavailable { .. }
+        )
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -84,21 +107,30 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 const CACHE_BYTES: usize = 2 << 20;
 
 pub struct Store {
-    db: Database,
+    path: PathBuf,
+    /// None while closed after an I/O error (reopened on next use).
+    db: RwLock<Option<Database>>,
+    /// Why a write failed, until [`Store::probe`] succeeds.
+    failure: Mutex<Option<String>>,
 }
+
+/// The key [`Store::probe`] writes in the [`Kind::Meta`] table.
+const PROBE_KEY: &str = "store-probe";
+/// What the probe writes: more than any usual record, so that it needs
+/// room in the file as they do (a tiny write often fits in pages the file
+/// has free while a real record does not).
+const PROBE_BYTES: usize = 64 << 10;
 
 impl Store {
     /// Opens (or creates) the database file, creating every table so reads
     /// never meet a missing one.
     pub fn open(path: &Path) -> Result<Self> {
-        let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
-            .create(path)
-            .map_err(|source| Error::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
-        let store = Store { db };
+        let db = open_db(path)?;
+        let store = Store {
+            path: path.to_path_buf(),
+            db: RwLock::new(Some(db)),
+            failure: Mutex::new(None),
+        };
         store.write(|tx| {
             for kind in [
                 Kind::Pod,
@@ -114,24 +146,96 @@ impl Store {
         Ok(store)
     }
 
+    /// Ok while writes work; else why one failed, until [`Store::probe`]
+    /// succeeds (other writes that succeed meanwhile, small ones that found
+    /// room, do not count).
+    pub fn health(&self) -> std::result::Result<(), String> {
+        match &*self.failure.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => Ok(()),
+            Some(why) => Err(why.clone()),
+        }
+    }
+
+    /// Tries a write of [`PROBE_BYTES`] (reopening the database if
+    /// needed); once one succeeds, [`Store::health`] is Ok again.
+    pub fn probe(&self) -> Result<()> {
+        let value = format!("\"{}\"", "p".repeat(PROBE_BYTES));
+        self.write(|tx| {
+            let mut table = tx
+                .txn
+                .open_table(Kind::Meta.table())
+                .map_err(redb::Error::from)?;
+            table
+                .insert(PROBE_KEY, value.as_bytes())
+                .map_err(redb::Error::from)?;
+            Ok(())
+        })?;
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    }
+
+    /// Runs `f` on the open database; an I/O error closes it, to be
+    /// reopened by the next call.
+    fn with_db<T>(&self, f: impl FnOnce(&Database) -> Result<T>) -> Result<T> {
+        {
+            let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(db) = guard.as_ref() {
+                let out = f(db);
+                drop(guard);
+                if let Err(e) = &out
+                    && e.is_io()
+                {
+                    self.close();
+                }
+                return out;
+            }
+        }
+        let mut guard = self.db.write().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(open_db(&self.path).map_err(|e| Error::Unavailable {
+                path: self.path.display().to_string(),
+                reason: e.to_string(),
+            })?);
+        }
+        let db = guard.as_ref().expect("just opened");
+        let out = f(db);
+        if let Err(e) = &out
+            && e.is_io()
+        {
+            *guard = None;
+        }
+        out
+    }
+
+    /// Closes the database after an I/O error: redb refuses everything
+    /// after one until it is closed and reopened.
+    fn close(&self) {
+        let mut guard = self.db.write().unwrap_or_else(|e| e.into_inner());
+        *guard = None;
+    }
+
     pub fn get<R: Record>(&self, key: &str) -> Result<Option<R>> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
-        let table = txn.open_table(R::KIND.table()).map_err(redb::Error::from)?;
-        let Some(raw) = table.get(key).map_err(redb::Error::from)? else {
-            return Ok(None);
-        };
-        decode::<R>(key, raw.value()).map(Some)
+        self.with_db(|db| {
+            let txn = db.begin_read().map_err(redb::Error::from)?;
+            let table = txn.open_table(R::KIND.table()).map_err(redb::Error::from)?;
+            let Some(raw) = table.get(key).map_err(redb::Error::from)? else {
+                return Ok(None);
+            };
+            decode::<R>(key, raw.value()).map(Some)
+        })
     }
 
     pub fn list<R: Record>(&self) -> Result<Vec<R>> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
-        let table = txn.open_table(R::KIND.table()).map_err(redb::Error::from)?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(redb::Error::from)? {
-            let (k, v) = entry.map_err(redb::Error::from)?;
-            out.push(decode::<R>(k.value(), v.value())?);
-        }
-        Ok(out)
+        self.with_db(|db| {
+            let txn = db.begin_read().map_err(redb::Error::from)?;
+            let table = txn.open_table(R::KIND.table()).map_err(redb::Error::from)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(redb::Error::from)? {
+                let (k, v) = entry.map_err(redb::Error::from)?;
+                out.push(decode::<R>(k.value(), v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     pub fn put<R: Record>(&self, record: &R) -> Result<()> {
@@ -146,12 +250,30 @@ impl Store {
     /// Runs `f` in one write transaction: every change it makes is committed
     /// (durably) together, or none is if it fails.
     pub fn write<T>(&self, f: impl FnOnce(&mut Txn) -> Result<T>) -> Result<T> {
-        let txn = self.db.begin_write().map_err(redb::Error::from)?;
-        let mut tx = Txn { txn };
-        let out = f(&mut tx)?;
-        tx.txn.commit().map_err(redb::Error::from)?;
-        Ok(out)
+        let out = self.with_db(|db| {
+            let txn = db.begin_write().map_err(redb::Error::from)?;
+            let mut tx = Txn { txn };
+            let out = f(&mut tx)?;
+            tx.txn.commit().map_err(redb::Error::from)?;
+            Ok(out)
+        });
+        if let Err(e) = &out
+            && e.is_io()
+        {
+            *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        }
+        out
     }
+}
+
+fn open_db(path: &Path) -> Result<Database> {
+    Database::builder()
+        .set_cache_size(CACHE_BYTES)
+        .create(path)
+        .map_err(|source| Error::Open {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 /// A write transaction, see [`Store::write`].

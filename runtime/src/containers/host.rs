@@ -9,15 +9,17 @@
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crust_linux::cgroups::{Hierarchy, PodCgroup};
-use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, RuntimeConfig};
+use crust_cgroups::{CgroupPath, Controllers};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, RuntimeConfig, Status};
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::error::ContainerError;
 use super::record::ContainerRecord;
+use crate::cgroups::{ContainerCgroup, NodeCgroups};
 use crate::launch::{Launch, LaunchError, Launcher};
 use crate::monitor::{self, Monitor};
 use crate::node::NodeHost;
@@ -70,12 +72,24 @@ pub trait ContainerHost: Send + Sync + 'static {
     fn exit_file(&self, state_dir: &Path) -> Option<ExitInfo>;
     /// Whether the container's monitor runs.
     fn monitor_running(&self, state_dir: &Path) -> bool;
+    /// Whether the container's process was started, as its monitor says
+    /// (created, running, stopped); None without a monitor that answers.
+    async fn monitor_status(&self, state_dir: &Path) -> Option<Status>;
     /// SIGKILLs the container, waits for its monitor to leave and kills
     /// the monitor if it does not. False if no monitor runs.
     async fn reap_monitor(&self, state_dir: &Path) -> bool;
-    /// Kills what is left of a container whose monitor is gone (its
-    /// cgroup's processes). Blocking.
+    /// Kills what is left of a container whose monitor is gone: stops its
+    /// scope (systemd driver), kills its cgroup's processes and removes
+    /// the cgroup. Blocking.
     fn kill_orphan(&self, rec: &ContainerRecord);
+    /// The container's cgroup: from its record's cgroupsPath, or (records
+    /// of older daemons) its bundle's. None if it never had one.
+    fn container_cgroup(&self, rec: &ContainerRecord) -> Option<ContainerCgroup>;
+    /// The controllers `unified` keys for a cgroup at `path` may name (its
+    /// nearest existing ancestor's); None on a cgroup v1 node. Blocking
+    /// (a small read).
+    fn unified_controllers(&self, path: &CgroupPath)
+    -> Result<Option<Controllers>, ContainerError>;
     /// Removes what the OCI runtime may still hold for the container (a
     /// monitor killed before it could delete it). Blocking; failures are
     /// ignored: usually there is nothing.
@@ -118,14 +132,16 @@ pub trait ContainerHost: Send + Sync + 'static {
 /// The node itself.
 pub struct RealContainerHost {
     launcher: Launcher,
-    hierarchy: Hierarchy,
+    cgroups: Arc<NodeCgroups>,
+    node: NodeHost,
 }
 
 impl RealContainerHost {
-    pub fn new(launcher: Launcher, hierarchy: Hierarchy) -> RealContainerHost {
+    pub fn new(launcher: Launcher, cgroups: Arc<NodeCgroups>, node: NodeHost) -> RealContainerHost {
         RealContainerHost {
             launcher,
-            hierarchy,
+            cgroups,
+            node,
         }
     }
 }
@@ -175,7 +191,7 @@ impl ContainerHost for RealContainerHost {
     }
 
     fn spec_host(&self) -> &dyn crust_oci::Host {
-        &NodeHost
+        &self.node
     }
 
     async fn launch(&self, launch: Launch) -> Result<i32, ContainerError> {
@@ -246,6 +262,11 @@ impl ContainerHost for RealContainerHost {
         monitor::is_running(state_dir)
     }
 
+    async fn monitor_status(&self, state_dir: &Path) -> Option<Status> {
+        let m = Monitor::connect(state_dir).ok()?;
+        m.state().await.ok().map(|s| s.status)
+    }
+
     async fn reap_monitor(&self, state_dir: &Path) -> bool {
         let Ok(m) = Monitor::connect(state_dir) else {
             return false;
@@ -255,30 +276,49 @@ impl ContainerHost for RealContainerHost {
         true
     }
 
-    /// The cgroup path is the one the bundle gave the runtime (cgroupfs
-    /// driver; a systemd scope is stopped by systemd when its last process
-    /// ends, which this does not do: warned).
     fn kill_orphan(&self, rec: &ContainerRecord) {
-        let config = rec.bundle.join("config.json");
-        let Ok(data) = std::fs::read(&config) else {
+        let Some(cg) = self.container_cgroup(rec) else {
+            // No cgroupsPath: the bundle was never written, so no runtime
+            // ever ran anything for it.
+            debug!(id = %rec.id, "the container's monitor is gone; it had no cgroup yet");
             return;
         };
-        let path = serde_json::from_slice::<Value>(&data)
-            .ok()
-            .and_then(|v| v["linux"]["cgroupsPath"].as_str().map(PathBuf::from));
-        let Some(path) = path.filter(|p| p.is_absolute()) else {
-            warn!(id = %rec.id, "the container's monitor is gone and its cgroup is not a cgroupfs path: its processes are left running");
-            return;
-        };
-        let cg = PodCgroup::new(self.hierarchy, Path::new("/sys/fs/cgroup"), &path);
-        match cg.and_then(|cg| cg.delete()) {
-            Ok(()) => {
-                info!(id = %rec.id, "the container's monitor is gone: killed what was left of the container")
+        match self.cgroups.kill_container(&cg) {
+            Ok(true) => {
+                info!(id = %rec.id, cgroup = %cg.path(), "the container's monitor is gone: killed what was left of the container")
             }
+            Ok(false) => {}
             Err(e) => {
-                warn!(id = %rec.id, "the container's monitor is gone; cannot kill its processes: {e}")
+                warn!(id = %rec.id, cgroup = %cg.path(), "the container's monitor is gone; cannot kill its processes: {e}")
             }
         }
+    }
+
+    fn container_cgroup(&self, rec: &ContainerRecord) -> Option<ContainerCgroup> {
+        let path = match &rec.cgroups_path {
+            Some(p) => p.clone(),
+            None => {
+                let data = std::fs::read(rec.bundle.join("config.json")).ok()?;
+                let spec = serde_json::from_slice::<Value>(&data).ok()?;
+                spec["linux"]["cgroupsPath"].as_str()?.to_string()
+            }
+        };
+        match ContainerCgroup::parse(&path) {
+            Ok(cg) => Some(cg),
+            Err(e) => {
+                warn!(id = %rec.id, "the container's cgroupsPath: {e}");
+                None
+            }
+        }
+    }
+
+    fn unified_controllers(
+        &self,
+        path: &CgroupPath,
+    ) -> Result<Option<Controllers>, ContainerError> {
+        self.cgroups
+            .unified_controllers(path)
+            .map_err(|e| ContainerError::Internal(format!("reading {path}'s controllers: {e}")))
     }
 
     fn delete_runtime_state(&self, rec: &ContainerRecord) {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
-use crust_shim_protocol::{ExecRequest, ExecSyncOutput};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, Status};
 use prost::Message;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -22,12 +22,14 @@ use super::host::KILL_WAIT;
 use super::record::{ContainerRecord, ContainerState};
 use super::spec::{self, Built, Parts};
 use super::validate;
-use super::{ContainerError, Containers, PodView};
+use super::{ContainerError, Containers, PodView, SpecHook};
 use crate::clock::now_ns;
+use crate::crash;
 use crate::events::EventKind;
 use crate::images::ImageFacts;
 use crate::index::{Entry, ReserveError};
 use crate::launch::Launch;
+use crate::quote::quote;
 use crate::tasks::blocking;
 
 /// An image volume of a new container: its mount's index, the image and
@@ -43,11 +45,13 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Containers {
     /// CreateContainer, with `config` from [`validate::checked_config`]
-    /// and its pod as the pod is now.
+    /// and its pod as the pod is now; `hook` sees the spec before the
+    /// container is created.
     pub async fn create(
         self: &Arc<Self>,
         pod: PodView,
         config: ContainerConfig,
+        hook: &dyn SpecHook,
     ) -> Result<String, ContainerError> {
         let md = config.metadata.clone().unwrap_or_default();
         if !pod.ready {
@@ -56,12 +60,15 @@ impl Containers {
                 pod.id
             )));
         }
+        self.check_create_unified(&pod, &config)?;
         let image_name = validate::image_name(&config)?;
         let image = self
             .images
             .resolve(&image_name)
             .map_err(ContainerError::internal)?
-            .ok_or_else(|| ContainerError::NotFound(format!("image {image_name:?} not found")))?;
+            .ok_or_else(|| {
+                ContainerError::NotFound(format!("image {} not found", quote(&image_name)))
+            })?;
         let runtime = self
             .handlers
             .get(&pod.runtime_handler)
@@ -125,12 +132,18 @@ impl Containers {
             stop_signal: libc::SIGTERM,
             pid: 0,
             image_volumes: Default::default(),
+            start_requested_at: 0,
+            cgroups_path: None,
         };
         if let Err(e) = self.store_put(&rec).await {
             self.index.release(&key);
             return Err(e);
         }
-        if let Err(e) = self.create_effects(&mut rec, &pod, &config, &image).await {
+        crash::point("container.create.record");
+        if let Err(e) = self
+            .create_effects(&mut rec, &pod, &config, &image, hook)
+            .await
+        {
             warn!(id, "container creation failed, undoing it: {e}");
             self.undo_create(&rec).await;
             self.index.release(&key);
@@ -138,6 +151,7 @@ impl Containers {
         }
         rec.state = ContainerState::Created;
         self.store_put(&rec).await?;
+        crash::point("container.create.created");
         info!(id, name = %rec.name, pod = %rec.pod_id, "container created");
         self.emit(EventKind::Created, &rec);
         self.index.publish(&id, key, rec);
@@ -154,12 +168,13 @@ impl Containers {
         pod: &PodView,
         config: &ContainerConfig,
         image: &ImageFacts,
+        hook: &dyn SpecHook,
     ) -> Result<(), ContainerError> {
-        let lowers = self
-            .images
-            .lease(&rec.id, &image.id)
-            .await
-            .map_err(|e| ContainerError::NotFound(format!("image {:?}: {e}", rec.image)))?;
+        let lowers =
+            self.images.lease(&rec.id, &image.id).await.map_err(|e| {
+                ContainerError::NotFound(format!("image {}: {e}", quote(&rec.image)))
+            })?;
+        crash::point("container.create.leased");
         let volumes = self.lease_image_volumes(rec, config).await?;
         let volume_ids = volumes
             .iter()
@@ -173,7 +188,7 @@ impl Containers {
                 .recursive_read_only_mounts,
             ..self.facts.clone()
         };
-        let built = {
+        let mut built = {
             let host = self.host.clone();
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
             blocking(move || -> Result<Built, ContainerError> {
@@ -182,6 +197,7 @@ impl Containers {
                     None => lowers,
                 };
                 host.prepare_rootfs(&r, &lowers)?;
+                crash::point("container.create.rootfs");
                 // Image volumes become read-only bind mounts of the image's
                 // own read-only mount (at the sub path resolved inside it).
                 let mut config = config;
@@ -212,9 +228,26 @@ impl Containers {
             })
             .await?
         };
-        // The spec is final from here on: adjustments from outside (NRI
-        // plugins' CreateContainer) would be applied to `built.spec` before
-        // the launch, handed down from `crate::lifecycle`.
+        if let Some(res) = hook.adjust(rec, &mut built.spec).await? {
+            rec.resources = Some(hex::encode(res.encode_to_vec()));
+        }
+        // Whatever the hook asked for, the daemon cannot lower a process's
+        // oom_score_adj below its own (no CAP_SYS_RESOURCE): raised to it,
+        // as the generated spec is.
+        let min_oom = self.facts.min_oom_score_adj.clamp(-1000, 1000) as i32;
+        if let Some(p) = built.spec.process_mut()
+            && let Some(v) = p.oom_score_adj()
+            && v < min_oom
+        {
+            p.set_oom_score_adj(Some(min_oom));
+        }
+        rec.cgroups_path = built
+            .spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().as_ref())
+            .map(|p| p.display().to_string());
+        // The spec is final from here on (NRI adjustments included).
         let pid = self
             .host
             .launch(Launch {
@@ -230,6 +263,7 @@ impl Containers {
                 timeout: CREATE_TIMEOUT,
             })
             .await?;
+        crash::point("container.create.launched");
         rec.user = Some(built.user);
         rec.stop_signal = built.stop_signal;
         rec.image_volumes = volume_ids;
@@ -261,8 +295,8 @@ impl Containers {
                 .map_err(|e| ContainerError::InvalidArgument(format!("{field}: {e}")))?
                 .ok_or_else(|| {
                     ContainerError::NotFound(format!(
-                        "{field}: image {:?} not found (pull it first)",
-                        reference.chars().take(256).collect::<String>()
+                        "{field}: image {} not found (pull it first)",
+                        quote(reference)
                     ))
                 })?;
             let lowers = self
@@ -277,6 +311,28 @@ impl Containers {
             });
         }
         Ok(out)
+    }
+
+    /// A new container's `unified` keys name only files of controllers
+    /// its pod's cgroup gives it.
+    fn check_create_unified(
+        &self,
+        pod: &PodView,
+        config: &ContainerConfig,
+    ) -> Result<(), ContainerError> {
+        let Some(res) = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .filter(|r| !r.unified.is_empty())
+        else {
+            return Ok(());
+        };
+        let pod_cgroup = crate::cgroups::pod_cgroup_of_parent(&pod.facts.cgroup_parent)
+            .map_err(|e| ContainerError::Internal(format!("the pod's cgroup: {e}")))?;
+        let controllers = self.host.unified_controllers(&pod_cgroup)?;
+        crate::cgroups::check_unified("config.linux.resources.unified", &res.unified, controllers)
+            .map_err(ContainerError::InvalidArgument)
     }
 
     /// pid mode TARGET: the PID namespace of another running container of
@@ -339,7 +395,25 @@ impl Containers {
                 rec.state.as_str()
             )));
         }
-        if let Err(e) = self.host.start(&rec.state_dir).await {
+        // Recorded first: a start cut short (a daemon crash, a failed write)
+        // is then looked up at the monitor, never guessed.
+        rec.start_requested_at = now_ns();
+        self.store_put(&rec).await?;
+        crash::point("container.start.begun");
+        let started = match self.host.start(&rec.state_dir).await {
+            Ok(()) => Ok(()),
+            // A start that got to the monitor before (the record did not
+            // learn of it): the monitor says whether the process runs.
+            Err(e) => match self.host.monitor_status(&rec.state_dir).await {
+                Some(Status::Running) => {
+                    warn!(id = %rec.id, "the container had been started already: {}", e.message());
+                    Ok(())
+                }
+                _ => Err(e),
+            },
+        };
+        crash::point("container.start.started");
+        if let Err(e) = started {
             // The container cannot run any more; it shows as exited.
             rec.state = ContainerState::Exited;
             rec.started_at = 0;
@@ -357,6 +431,7 @@ impl Containers {
         rec.state = ContainerState::Running;
         rec.started_at = now_ns();
         self.store_put(&rec).await?;
+        crash::point("container.start.running");
         entry.set(rec.clone());
         self.emit(EventKind::Started, &rec);
         info!(id = %rec.id, "container started");
@@ -395,6 +470,7 @@ impl Containers {
         if let Err(e) = self.host.kill(&rec.state_dir, signal, false).await {
             debug!(id = %rec.id, "stop signal: {e}");
         }
+        crash::point("container.stop.signalled");
         if signal != libc::SIGKILL {
             let grace = Duration::from_secs(timeout.clamp(0, 24 * 3600) as u64);
             if self.wait_exit(entry, grace).await {
@@ -403,6 +479,7 @@ impl Containers {
         }
         if signal != libc::SIGKILL || rec.state == ContainerState::Running {
             let _ = self.host.kill(&rec.state_dir, libc::SIGKILL, true).await;
+            crash::point("container.stop.killed");
         }
         if self.wait_exit(entry, KILL_WAIT).await {
             return Ok(());
@@ -441,12 +518,16 @@ impl Containers {
             return Ok(None);
         }
         self.stop_locked(&entry, 0).await?;
+        crash::point("container.remove.stopped");
         let rec = entry.snapshot();
         self.teardown(&rec).await?;
+        crash::point("container.remove.torn_down");
         self.images.release(&rec.id).await.map_err(|e| {
             ContainerError::Internal(format!("releasing the image of {}: {e}", rec.id))
         })?;
+        crash::point("container.remove.released");
         self.store_delete(&rec.id).await?;
+        crash::point("container.remove.deleted");
         self.index.unpublish(&rec.id, &rec.name_key());
         op.mark_removed();
         self.emit(EventKind::Deleted, &rec);
@@ -520,7 +601,9 @@ impl Containers {
             timeout_ms: (timeout_s as u64).saturating_mul(1000),
             ..Default::default()
         };
+        crash::point("container.exec_sync.begun");
         let out = self.host.exec_sync(&rec.state_dir, &req).await?;
+        crash::point("container.exec_sync.done");
         if out.timed_out {
             return Err(ContainerError::DeadlineExceeded(format!(
                 "command timeout {timeout_s}s exceeded"
@@ -560,8 +643,20 @@ impl Containers {
                 rec.id
             )));
         }
+        if !res.unified.is_empty() {
+            let cg = self.host.container_cgroup(&rec).ok_or_else(|| {
+                ContainerError::FailedPrecondition(format!(
+                    "container {}: its cgroup is unknown",
+                    rec.id
+                ))
+            })?;
+            let controllers = self.host.unified_controllers(cg.path())?;
+            crate::cgroups::check_unified("linux.unified", &res.unified, controllers)
+                .map_err(ContainerError::InvalidArgument)?;
+        }
         let oci = spec::update_resources(&res, &self.facts)?;
         self.host.update(&rec.state_dir, &oci).await?;
+        crash::point("container.update.applied");
         rec.resources = Some(hex::encode(res.encode_to_vec()));
         self.store_put(&rec).await?;
         entry.set(rec);
@@ -574,6 +669,7 @@ impl Containers {
     /// mount, the state and layer dirs. Idempotent.
     pub(super) async fn teardown(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
         let orphan = !self.host.reap_monitor(&rec.state_dir).await;
+        crash::point("container.teardown.monitor");
         let (host, rec) = (self.host.clone(), rec.clone());
         blocking(move || {
             if orphan {
@@ -582,6 +678,7 @@ impl Containers {
             host.delete_runtime_state(&rec);
             host.unmount_rootfs(&rec.rootfs)?;
             host.unmount_private_mounts(&rec)?;
+            crash::point("container.teardown.unmounted");
             host.remove_tree(&rec.state_dir)?;
             host.remove_tree(&rec.layer_dir)
         })

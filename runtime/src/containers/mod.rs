@@ -31,7 +31,7 @@ mod validate;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crust_api::v1::PodSandboxConfig;
+use crust_api::v1::{LinuxContainerResources, PodSandboxConfig};
 use crust_oci::RuntimeFacts;
 use crust_store::Store;
 
@@ -61,6 +61,21 @@ pub struct PodView {
     pub sandbox_config: PodSandboxConfig,
     /// Namespaces, cgroup parent, files and /dev/shm to join.
     pub facts: crust_oci::PodFacts,
+}
+
+/// What sees, and may change, a new container's OCI spec after it is
+/// generated and before the container is created (NRI plugins, handed
+/// down from `crate::lifecycle`). The container is not visible yet.
+#[async_trait::async_trait]
+pub trait SpecHook: Send + Sync {
+    /// Adjusts `spec`; returns the container's resources as they now are
+    /// when it changed them (what ContainerStatus reports). An error fails
+    /// the creation, which is then undone.
+    async fn adjust(
+        &self,
+        rec: &ContainerRecord,
+        spec: &mut crust_oci::Spec,
+    ) -> Result<Option<LinuxContainerResources>, ContainerError>;
 }
 
 /// Where a container's state lives on the node.
@@ -139,6 +154,11 @@ impl Containers {
     pub fn get(&self, id: &str) -> Result<ContainerRecord, ContainerError> {
         let e = self.get_entry(id)?;
         Ok(self.refresh(&e))
+    }
+
+    /// The container's cgroup (where its stats are), if it has one.
+    pub fn cgroup_of(&self, rec: &ContainerRecord) -> Option<crate::cgroups::ContainerCgroup> {
+        self.host.container_cgroup(rec)
     }
 
     /// Every container but those being created: an in-memory read. The

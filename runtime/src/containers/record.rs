@@ -85,6 +85,17 @@ pub struct ContainerRecord {
     /// `config.mounts` (ContainerStatus.mounts[].image reports them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub image_volumes: BTreeMap<usize, String>,
+    /// When StartContainer asked the monitor to start the process (0:
+    /// never). Written before the request, so that a restart that finds
+    /// the record CREATED asks the monitor whether the start got there.
+    #[serde(default)]
+    pub start_requested_at: i64,
+    /// The cgroupsPath its spec gave the OCI runtime (`/pod/crust-<id>`
+    /// or `<slice>:crust:<id>`): where stats and the orphan cleanup look.
+    /// None in records of older daemons (then the bundle's config.json
+    /// tells).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroups_path: Option<String>,
 }
 
 /// What of the request's ImageSpec a container's status repeats.

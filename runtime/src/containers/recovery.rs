@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crust_shim_protocol::Status;
 use tracing::{debug, info, warn};
 
 use super::record::{ContainerRecord, ContainerState};
@@ -75,7 +76,22 @@ impl Containers {
                 continue;
             }
             let entry = self.index.publish(&rec.id.clone(), rec.name_key(), rec);
-            let rec = self.refresh(&entry);
+            let mut rec = self.refresh(&entry);
+            if rec.state == ContainerState::Created
+                && self.host.monitor_status(&rec.state_dir).await == Some(Status::Running)
+            {
+                // StartContainer reached the monitor, the record did not
+                // learn of it (the daemon died in between).
+                info!(id = %rec.id, "the container was started before the restart: it runs");
+                rec.state = ContainerState::Running;
+                rec.started_at = match rec.start_requested_at {
+                    0 => now_ns(),
+                    t => t,
+                };
+                self.store_put(&rec).await?;
+                entry.set(rec.clone());
+                self.emit(EventKind::Started, &rec);
+            }
             debug!(id = %rec.id, state = ?rec.state, "container recovered");
         }
         self.release_orphan_leases(release).await;

@@ -277,6 +277,63 @@ async fn a_container_that_cannot_start_shows_as_exited() {
     assert_eq!(rig.stored::<ContainerRecord>()[0].reason, "StartError");
 }
 
+/// The daemon died after the monitor started the process but before the
+/// record said so (issue 17: the container stayed CREATED while it ran,
+/// and a retried start marked it EXITED while it kept running).
+#[tokio::test]
+async fn a_start_the_record_missed_is_found_at_the_monitor_after_a_restart() {
+    let rig = Rig::new().await;
+    let (_, id) = rig.pod_and_container("app").await;
+    let rig = rig.restart_with(|node| node.run(&id)).await;
+    let rec = rig.containers.get(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Running);
+    assert!(rec.started_at > 0);
+    assert_eq!(
+        rig.stored::<ContainerRecord>()[0].state,
+        ContainerState::Running
+    );
+    let again = rig.lifecycle.start_container(&id).await.unwrap_err();
+    assert!(
+        matches!(again, ContainerError::FailedPrecondition(_)),
+        "{again:?}"
+    );
+    assert_eq!(
+        rig.containers.get(&id).unwrap().state,
+        ContainerState::Running
+    );
+}
+
+/// A start retried after one that reached the monitor (the record never
+/// learnt of it) asks the monitor, and succeeds.
+#[tokio::test]
+async fn a_retried_start_of_a_running_process_succeeds() {
+    let rig = Rig::new().await;
+    let (_, id) = rig.pod_and_container("app").await;
+    rig.container_host.run(&id);
+    rig.lifecycle.start_container(&id).await.unwrap();
+    let rec = rig.containers.get(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Running, "{rec:?}");
+    assert!(rec.reason.is_empty(), "{rec:?}");
+    // A container still CREATED at the monitor after a restart stays so,
+    // and starts.
+    let (pod, _) = (rig.pods.list(&Default::default())[0].id.clone(), ());
+    let other = rig
+        .lifecycle
+        .create_container(&pod, Some(container_config("other", |_| {})))
+        .await
+        .unwrap();
+    let rig = rig.restart().await;
+    assert_eq!(
+        rig.containers.get(&other).unwrap().state,
+        ContainerState::Created
+    );
+    rig.lifecycle.start_container(&other).await.unwrap();
+    assert_eq!(
+        rig.containers.get(&other).unwrap().state,
+        ContainerState::Running
+    );
+}
+
 #[tokio::test]
 async fn stop_and_remove_are_idempotent_also_for_unknown_ids() {
     let rig = Rig::new().await;

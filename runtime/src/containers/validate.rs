@@ -4,6 +4,7 @@
 use crust_api::v1::ContainerConfig;
 
 use super::error::ContainerError;
+use crate::quote::quote;
 
 fn invalid(m: String) -> ContainerError {
     ContainerError::InvalidArgument(m)
@@ -90,7 +91,7 @@ pub fn check_exec_sync(cmd: &[String], timeout_s: i64) -> Result<(), ContainerEr
 
 /// `config.log_path`: relative, no `..`, no NUL.
 fn check_log_path(p: &str) -> Result<(), ContainerError> {
-    let bad = |why: &str| Err(invalid(format!("config.log_path: {p:?} {why}")));
+    let bad = |why: &str| Err(invalid(format!("config.log_path: {} {why}", quote(p))));
     if p.contains('\0') {
         return bad("contains NUL");
     }
@@ -112,7 +113,8 @@ fn check_name(field: &str, name: &str) -> Result<(), ContainerError> {
     }
     if name.len() > 253 || name.bytes().any(|b| b.is_ascii_control() || b == b'/') {
         return Err(invalid(format!(
-            "{field}: {name:?} must be at most 253 printable characters without '/'"
+            "{field}: {} must be at most 253 printable characters without '/'",
+            quote(name)
         )));
     }
     Ok(())

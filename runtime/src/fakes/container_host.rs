@@ -6,12 +6,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use crust_cgroups::{CgroupPath, Controllers};
 use crust_oci::{Host, HostDevice, HostPropagation};
-use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo};
+use crust_shim_protocol::{ExecRequest, ExecSyncOutput, ExitInfo, Status};
 use serde_json::Value;
 use tokio::sync::Notify;
 
 use super::{Effect, Failures, Journal, Op, id_of, injected};
+use crate::cgroups::ContainerCgroup;
 use crate::containers::{ContainerError, ContainerHost, ContainerRecord};
 use crate::launch::Launch;
 
@@ -61,7 +63,13 @@ pub struct FakeContainerHost {
     exec_output: Mutex<Option<ExecSyncOutput>>,
     /// Every launch request.
     launches: Mutex<Vec<Launch>>,
+    /// Every resource update: (container ID, OCI resources).
+    updates: Mutex<Vec<(String, Value)>>,
     next_pid: Mutex<i32>,
+    /// What `unified_controllers` answers (None: a cgroup v1 node), and
+    /// the cgroups it was asked about.
+    controllers: Mutex<Option<Controllers>>,
+    controllers_asked: Mutex<Vec<CgroupPath>>,
 }
 
 impl FakeContainerHost {
@@ -74,8 +82,21 @@ impl FakeContainerHost {
             stubborn: Mutex::new(HashSet::new()),
             exec_output: Mutex::new(None),
             launches: Mutex::new(Vec::new()),
+            updates: Mutex::new(Vec::new()),
             next_pid: Mutex::new(1000),
+            controllers: Mutex::default(),
+            controllers_asked: Mutex::default(),
         }
+    }
+
+    /// The node is cgroup v2 with these controllers (None: v1).
+    pub fn set_controllers(&self, c: Option<Controllers>) {
+        *self.controllers.lock().unwrap() = c;
+    }
+
+    /// The cgroups whose controllers the daemon asked for.
+    pub fn controllers_asked(&self) -> Vec<CgroupPath> {
+        self.controllers_asked.lock().unwrap().clone()
     }
 
     pub fn node(&self) -> ContainerNode {
@@ -98,12 +119,22 @@ impl FakeContainerHost {
         self.launches.lock().unwrap().clone()
     }
 
+    pub fn updates(&self) -> Vec<(String, Value)> {
+        self.updates.lock().unwrap().clone()
+    }
+
     /// The container's process exits by itself with `code`.
     pub fn exit(&self, id: &str, code: i32) {
         self.state()
             .processes
             .insert(id.into(), Process::Exited(code));
         self.exited.notify_waiters();
+    }
+
+    /// The container's process runs: a start reached the monitor (the
+    /// daemon may not have recorded it).
+    pub fn run(&self, id: &str) {
+        self.state().processes.insert(id.into(), Process::Running);
     }
 
     /// The container's monitor is SIGKILLed: no exit file, no monitor.
@@ -221,8 +252,12 @@ impl ContainerHost for FakeContainerHost {
         }
     }
 
-    async fn update(&self, state_dir: &Path, _resources: &Value) -> Result<(), ContainerError> {
+    async fn update(&self, state_dir: &Path, resources: &Value) -> Result<(), ContainerError> {
         self.journal.push(Effect::Update(id_of(state_dir)));
+        self.updates
+            .lock()
+            .unwrap()
+            .push((id_of(state_dir), resources.clone()));
         Ok(())
     }
 
@@ -270,6 +305,15 @@ impl ContainerHost for FakeContainerHost {
         self.live(state_dir)
     }
 
+    async fn monitor_status(&self, state_dir: &Path) -> Option<Status> {
+        match self.process(state_dir)? {
+            Process::Created => Some(Status::Created),
+            Process::Running => Some(Status::Running),
+            // The monitor has left (with or without an exit file).
+            Process::Exited(_) | Process::Lost => None,
+        }
+    }
+
     async fn reap_monitor(&self, state_dir: &Path) -> bool {
         let id = id_of(state_dir);
         self.journal.push(Effect::ReapMonitor(id.clone()));
@@ -282,6 +326,18 @@ impl ContainerHost for FakeContainerHost {
 
     fn kill_orphan(&self, rec: &ContainerRecord) {
         self.journal.push(Effect::KillOrphan(rec.id.clone()));
+    }
+
+    fn container_cgroup(&self, rec: &ContainerRecord) -> Option<ContainerCgroup> {
+        ContainerCgroup::parse(rec.cgroups_path.as_deref()?).ok()
+    }
+
+    fn unified_controllers(
+        &self,
+        path: &CgroupPath,
+    ) -> Result<Option<Controllers>, ContainerError> {
+        self.controllers_asked.lock().unwrap().push(path.clone());
+        Ok(*self.controllers.lock().unwrap())
     }
 
     fn delete_runtime_state(&self, rec: &ContainerRecord) {
@@ -341,8 +397,16 @@ impl ContainerHost for FakeContainerHost {
         Ok(())
     }
 
-    fn read_spec(&self, _bundle: &Path) -> Value {
-        Value::Null
+    /// The spec the container was launched with (what the real host
+    /// keeps as `spec.json`).
+    fn read_spec(&self, bundle: &Path) -> Value {
+        self.launches
+            .lock()
+            .unwrap()
+            .iter()
+            .rfind(|l| l.bundle == bundle)
+            .and_then(|l| serde_json::to_value(&l.spec).ok())
+            .unwrap_or(Value::Null)
     }
 }
 
@@ -364,6 +428,11 @@ impl Host for FakeSpecHost {
 
     fn all_devices(&self) -> io::Result<Vec<HostDevice>> {
         Ok(Vec::new())
+    }
+
+    fn apparmor_profile_loaded(&self, _name: &str) -> io::Result<bool> {
+        // RuntimeFacts of the fake node say "no AppArmor": never asked.
+        Err(io::Error::other("no AppArmor on the fake node"))
     }
 
     fn read_seccomp_profile(&self, path: &Path) -> io::Result<String> {

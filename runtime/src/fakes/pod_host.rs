@@ -11,8 +11,10 @@ use crust_network::config::NetworkConfigList;
 use serde_json::Value;
 
 use super::{Effect, Failures, Journal, Op, id_of, injected};
+use crate::cgroups::PodSlice;
 use crate::pods::host::{CniAddFailed, CniAdded};
 use crate::pods::{PodError, PodHost, PodRecord};
+use crust_cgroups::Controllers;
 
 /// What a fake pod host has made.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -51,6 +53,10 @@ pub struct FakePodHost {
     network: NetworkConfigList,
     /// Files of the node (/etc/resolv.conf, /etc/hosts).
     node_files: HashMap<PathBuf, String>,
+    /// cgroups of the node that crust did not make (kubelet's pod slices).
+    kubelet_cgroups: Mutex<BTreeSet<PathBuf>>,
+    /// What `unified_controllers` answers (None: a cgroup v1 node).
+    controllers: Mutex<Option<Controllers>>,
 }
 
 impl FakePodHost {
@@ -69,7 +75,23 @@ impl FakePodHost {
                 PathBuf::from("/etc/resolv.conf"),
                 "nameserver 192.0.2.53\n".to_string(),
             )]),
+            kubelet_cgroups: Mutex::default(),
+            controllers: Mutex::default(),
         }
+    }
+
+    /// kubelet made a cgroup (a pod slice) before the pod runs.
+    pub fn add_kubelet_cgroup(&self, path: &Path) {
+        self.kubelet_cgroups.lock().unwrap().insert(path.into());
+    }
+
+    pub fn kubelet_cgroups(&self) -> BTreeSet<PathBuf> {
+        self.kubelet_cgroups.lock().unwrap().clone()
+    }
+
+    /// The node is cgroup v2 with these controllers (None: v1).
+    pub fn set_controllers(&self, c: Option<Controllers>) {
+        *self.controllers.lock().unwrap() = c;
     }
 
     pub fn node(&self) -> PodNode {
@@ -162,10 +184,21 @@ impl PodHost for FakePodHost {
         Ok(())
     }
 
-    fn create_cgroup(&self, path: &Path) -> Result<(), PodError> {
+    fn cgroup_exists(&self, path: &Path) -> bool {
+        self.kubelet_cgroups.lock().unwrap().contains(path) || self.state().cgroups.contains(path)
+    }
+
+    fn unified_controllers(&self, _path: &Path) -> Result<Option<Controllers>, PodError> {
+        Ok(*self.controllers.lock().unwrap())
+    }
+
+    /// Models what crust makes: a slice kubelet made is not crust's.
+    fn create_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError> {
         self.journal.push(Effect::CreateCgroup(path.into()));
         self.check(Op::CreateCgroup)?;
-        self.state().cgroups.insert(path.into());
+        if slice.is_none_or(|s| s.owned) {
+            self.state().cgroups.insert(path.into());
+        }
         Ok(())
     }
 
@@ -262,10 +295,12 @@ impl PodHost for FakePodHost {
         Ok(())
     }
 
-    fn delete_cgroup(&self, path: &Path) -> Result<(), PodError> {
+    fn delete_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError> {
         self.journal.push(Effect::DeleteCgroup(path.into()));
         self.check(Op::DeleteCgroup)?;
-        self.state().cgroups.remove(path);
+        if slice.is_none_or(|s| s.owned) {
+            self.state().cgroups.remove(path);
+        }
         Ok(())
     }
 

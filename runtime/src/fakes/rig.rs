@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crust_cgroups::Controllers;
+
 use super::{FakeContainerHost, FakeImages, FakePodHost, Journal};
 use crate::pods::PodError;
 
@@ -18,6 +20,10 @@ pub struct Rig {
     pub pods: Arc<crate::pods::Pods>,
     pub containers: Arc<crate::containers::Containers>,
     pub lifecycle: crate::lifecycle::Lifecycle,
+    /// The systemd cgroup driver (pods are slices, containers scopes).
+    pub systemd: bool,
+    /// A cgroup v2 node with these controllers (None: v1).
+    pub v2: Option<Controllers>,
 }
 
 /// The image every test container runs.
@@ -28,13 +34,57 @@ pub const IMAGE_ID: &str =
 impl Rig {
     /// A fresh daemon on an empty node, with [`IMAGE`] pulled.
     pub async fn new() -> Rig {
+        Rig::with(false, None).await
+    }
+
+    /// [`Rig::new`] with the systemd cgroup driver and, for a cgroup v2
+    /// node, its controllers.
+    pub async fn with(systemd: bool, v2: Option<Controllers>) -> Rig {
+        Rig::fresh(systemd, v2, None).await
+    }
+
+    /// [`Rig::new`] with NRI on, its socket in the rig's dir
+    /// ([`Rig::nri_socket`]) and `request_timeout` for plugins' answers.
+    pub async fn with_nri(request_timeout: std::time::Duration) -> Rig {
+        Rig::fresh(false, None, Some(request_timeout)).await
+    }
+
+    async fn fresh(
+        systemd: bool,
+        v2: Option<Controllers>,
+        nri: Option<std::time::Duration>,
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::default();
         let pod_host = Arc::new(FakePodHost::new(journal.clone()));
         let container_host = Arc::new(FakeContainerHost::new(journal.clone()));
         let images = Arc::new(FakeImages::new(journal.clone()));
         images.add(IMAGE, IMAGE_ID);
-        Rig::open(dir, journal, pod_host, container_host, images).await
+        pod_host.set_controllers(v2);
+        container_host.set_controllers(v2);
+        let nri = nri.map(|timeout| crust_nri::Config {
+            socket_path: dir.path().join("nri/nri.sock"),
+            plugin_path: dir.path().join("nri/plugins"),
+            plugin_config_path: dir.path().join("nri/conf.d"),
+            plugin_request_timeout: timeout,
+            ..crust_nri::Config::default()
+        });
+        Rig::open(
+            dir,
+            journal,
+            pod_host,
+            container_host,
+            images,
+            systemd,
+            v2,
+            nri,
+        )
+        .await
+    }
+
+    /// Where NRI plugins connect (see [`Rig::with_nri`]).
+    pub fn nri_socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("nri/nri.sock")
     }
 
     /// The daemon restarts: everything in memory is gone, the store and
@@ -56,18 +106,35 @@ impl Rig {
             pods,
             containers,
             lifecycle,
+            systemd,
+            v2,
         } = self;
         drop((lifecycle, containers, pods, store));
         while_down(&container_host);
-        Rig::open(dir, journal, pod_host, container_host, images).await
+        Rig::open(
+            dir,
+            journal,
+            pod_host,
+            container_host,
+            images,
+            systemd,
+            v2,
+            None,
+        )
+        .await
     }
 
+    // The rig's parts, handed back in across a restart.
+    #[allow(clippy::too_many_arguments)]
     async fn open(
         dir: tempfile::TempDir,
         journal: Journal,
         pod_host: Arc<FakePodHost>,
         container_host: Arc<FakeContainerHost>,
         images: Arc<FakeImages>,
+        systemd: bool,
+        v2: Option<Controllers>,
+        nri: Option<crust_nri::Config>,
     ) -> Rig {
         use crust_shim_protocol::RuntimeConfig;
         let store = Arc::new(crust_store::Store::open(&dir.path().join("meta.db")).unwrap());
@@ -75,7 +142,7 @@ impl Rig {
         let pods = Arc::new(crate::pods::Pods::new(
             root.join("run/pods"),
             root.join("root/pods"),
-            false,
+            systemd,
             store.clone(),
             pod_host.clone(),
         ));
@@ -86,7 +153,7 @@ impl Rig {
                     String::new(),
                     RuntimeConfig::Embedded {
                         root: root.join("run/runtimes/default"),
-                        systemd_cgroup: false,
+                        systemd_cgroup: systemd,
                     },
                 ),
                 (
@@ -94,7 +161,7 @@ impl Rig {
                     RuntimeConfig::Cli {
                         path: "/usr/bin/runc".into(),
                         root: root.join("run/runtimes/runc"),
-                        systemd_cgroup: false,
+                        systemd_cgroup: systemd,
                     },
                 ),
             ]),
@@ -106,7 +173,12 @@ impl Rig {
             images.clone(),
             Arc::new(handlers),
             crust_oci::RuntimeFacts {
-                cgroup_v2: false,
+                cgroup_v2: v2.is_some(),
+                cgroup_driver: if systemd {
+                    crust_oci::CgroupDriver::Systemd
+                } else {
+                    crust_oci::CgroupDriver::Cgroupfs
+                },
                 ..Default::default()
             },
             crate::containers::Dirs {
@@ -115,11 +187,27 @@ impl Rig {
             },
         ));
         containers.recover().await.unwrap();
-        let stats = Arc::new(crate::stats::CgroupStats::new(
-            crust_linux::cgroups::Hierarchy::V1,
-        ));
+        let stats = Arc::new(crate::stats::CgroupStats::new(None));
+        let nri = match nri {
+            Some(config) => crust_nri::Nri::start(
+                config,
+                crust_nri::RuntimeInfo {
+                    name: "crust".into(),
+                    version: "test".into(),
+                },
+                Arc::new(crate::lifecycle::NriBackend::new(&pods, &containers)),
+            )
+            .await
+            .unwrap(),
+            None => crust_nri::Nri::disabled(),
+        };
         Rig {
-            lifecycle: crate::lifecycle::Lifecycle::new(pods.clone(), containers.clone(), stats),
+            lifecycle: crate::lifecycle::Lifecycle::new(
+                pods.clone(),
+                containers.clone(),
+                stats,
+                nri,
+            ),
             dir,
             journal,
             pod_host,
@@ -128,6 +216,8 @@ impl Rig {
             store,
             pods,
             containers,
+            systemd,
+            v2,
         }
     }
 

@@ -44,6 +44,15 @@ impl PodError {
         }
     }
 
+    /// A crust_cgroups error: InvalidArgument when the request caused it.
+    pub fn cgroup(step: &str, e: crate::cgroups::Error) -> PodError {
+        if e.is_invalid_argument() {
+            PodError::InvalidArgument(format!("{step}: {e}"))
+        } else {
+            PodError::Internal(format!("{step}: {e}"))
+        }
+    }
+
     /// A crust_network error: InvalidArgument when the request caused it.
     pub fn network(step: &str, e: crust_network::Error) -> PodError {
         if e.is_invalid_argument() {

@@ -12,7 +12,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crust_linux::cgroups::{Hierarchy, PodCgroup};
+use crust_cgroups::{CgroupPath, Controllers};
 use crust_linux::mounts;
 use crust_linux::ns::{self, PinOptions, PinnedNamespaces};
 use crust_network::config::{self as cni_config, ConfigError, NetworkConfigList};
@@ -23,11 +23,9 @@ use serde_json::Value;
 use super::error::PodError;
 use super::record::PodRecord;
 use super::{files, pause};
+use crate::cgroups::{NodeCgroups, PodSlice};
 use crate::handlers::Handlers;
 use crate::launch::Launcher;
-
-/// Where cgroup hierarchies are mounted.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// What a CNI ADD gave the pod.
 #[derive(Debug, Clone)]
@@ -62,7 +60,14 @@ pub trait PodHost: Send + Sync + 'static {
     /// Creates a new dir (0711); an existing one is an error.
     fn create_dir(&self, dir: &Path) -> Result<(), PodError>;
     fn pin_namespaces(&self, ns_dir: &Path, opts: &PinOptions) -> Result<(), PodError>;
-    fn create_cgroup(&self, path: &Path) -> Result<(), PodError>;
+    /// Whether a cgroup exists at `path` (e.g. kubelet's pod slice).
+    fn cgroup_exists(&self, path: &Path) -> bool;
+    /// The controllers `unified` keys of a cgroup at `path` may name (its
+    /// nearest existing ancestor's); None on a cgroup v1 node.
+    fn unified_controllers(&self, path: &Path) -> Result<Option<Controllers>, PodError>;
+    /// Makes the pod's cgroup: its slice (systemd driver), or a cgroup
+    /// delegating its controllers to its children.
+    fn create_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError>;
     fn mount_shm(&self, path: &Path) -> Result<(), PodError>;
     /// Writes a pod file (never through a symlink; an existing file keeps
     /// its inode, which containers bind-mount).
@@ -99,7 +104,9 @@ pub trait PodHost: Send + Sync + 'static {
     fn unpin_namespaces(&self, ns_dir: &Path) -> Result<(), PodError>;
     /// Unmounts the pod's /dev/shm and removes its dir.
     fn unmount_shm(&self, path: &Path) -> Result<(), PodError>;
-    fn delete_cgroup(&self, path: &Path) -> Result<(), PodError>;
+    /// Removes the pod's cgroup with everything below it, killing what
+    /// runs there (a slice crust did not make stays). Idempotent.
+    fn delete_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError>;
     /// Removes a dir and everything in it (never through a mount); a
     /// missing one is no error.
     fn remove_tree(&self, dir: &Path) -> Result<(), PodError>;
@@ -111,7 +118,7 @@ pub trait PodHost: Send + Sync + 'static {
 pub struct RealPodHost {
     cni: Cni,
     cni_conf_dir: PathBuf,
-    hierarchy: Hierarchy,
+    cgroups: Arc<NodeCgroups>,
     launcher: Launcher,
     handlers: Arc<Handlers>,
     runtime_facts: RuntimeFacts,
@@ -123,7 +130,7 @@ impl RealPodHost {
     pub fn new(
         cni: Cni,
         cni_conf_dir: PathBuf,
-        hierarchy: Hierarchy,
+        cgroups: Arc<NodeCgroups>,
         launcher: Launcher,
         handlers: Arc<Handlers>,
         runtime_facts: RuntimeFacts,
@@ -132,18 +139,22 @@ impl RealPodHost {
         RealPodHost {
             cni,
             cni_conf_dir,
-            hierarchy,
+            cgroups,
             launcher,
             handlers,
             runtime_facts,
             root,
         }
     }
+}
 
-    fn cgroup(&self, path: &Path) -> Result<PodCgroup, PodError> {
-        PodCgroup::new(self.hierarchy, Path::new(CGROUP_ROOT), path)
-            .map_err(|e| PodError::linux("pod cgroup", e))
-    }
+fn cgroup_path(path: &Path) -> Result<CgroupPath, PodError> {
+    CgroupPath::from_path(path).map_err(|e| PodError::cgroup("the pod cgroup", e))
+}
+
+/// Where a pod's namespaces are pinned before they move to `ns_dir`.
+fn staging_dir(ns_dir: &Path) -> PathBuf {
+    ns_dir.with_file_name("ns.pinning")
 }
 
 fn not_found_is_ok(r: std::io::Result<()>, dir: &Path) -> Result<(), PodError> {
@@ -197,16 +208,42 @@ impl PodHost for RealPodHost {
             .map_err(|e| PodError::internal(&format!("creating {}", dir.display()), e))
     }
 
+    /// Pins into a staging dir, then renames it to `ns_dir`: the pins'
+    /// paths appear only once each is a mount of its namespace. (Pinning
+    /// creates the files first and mounts onto them; a daemon killed in
+    /// between left empty `ns/net` files that CNI DEL then refused, for
+    /// good.) A mount moves with the dir it is in.
     fn pin_namespaces(&self, ns_dir: &Path, opts: &PinOptions) -> Result<(), PodError> {
-        ns::pin_namespaces(ns_dir, opts)
-            .map(drop)
-            .map_err(|e| PodError::linux("pinning the pod's namespaces", e))
+        let staging = staging_dir(ns_dir);
+        // What a crash in an earlier attempt may have left.
+        ns::unpin_namespaces(&staging)
+            .map_err(|e| PodError::linux("unpinning a staging dir", e))?;
+        ns::pin_namespaces(&staging, opts)
+            .map_err(|e| PodError::linux("pinning the pod's namespaces", e))?;
+        if let Err(e) = std::fs::rename(&staging, ns_dir) {
+            let _ = ns::unpin_namespaces(&staging);
+            return Err(PodError::internal(
+                &format!("moving the pinned namespaces to {}", ns_dir.display()),
+                e,
+            ));
+        }
+        Ok(())
     }
 
-    fn create_cgroup(&self, path: &Path) -> Result<(), PodError> {
-        self.cgroup(path)?
-            .create()
-            .map_err(|e| PodError::linux("creating the pod cgroup", e))
+    fn cgroup_exists(&self, path: &Path) -> bool {
+        cgroup_path(path).is_ok_and(|p| self.cgroups.exists(&p))
+    }
+
+    fn unified_controllers(&self, path: &Path) -> Result<Option<Controllers>, PodError> {
+        self.cgroups
+            .unified_controllers(&cgroup_path(path)?)
+            .map_err(|e| PodError::cgroup("reading the pod cgroup's controllers", e))
+    }
+
+    fn create_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError> {
+        self.cgroups
+            .create_pod(&cgroup_path(path)?, slice)
+            .map_err(|e| PodError::cgroup("creating the pod cgroup", e))
     }
 
     fn mount_shm(&self, path: &Path) -> Result<(), PodError> {
@@ -298,8 +335,11 @@ impl PodHost for RealPodHost {
         pause::pid(rec)
     }
 
+    /// Also the staging dir of [`RealPodHost::pin_namespaces`], which a
+    /// crash can leave with pins (mounted or not yet) in it.
     fn unpin_namespaces(&self, ns_dir: &Path) -> Result<(), PodError> {
-        ns::unpin_namespaces(ns_dir)
+        ns::unpin_namespaces(&staging_dir(ns_dir))
+            .and_then(|()| ns::unpin_namespaces(ns_dir))
             .map_err(|e| PodError::Internal(format!("unpinning the namespaces: {e}")))
     }
 
@@ -308,10 +348,10 @@ impl PodHost for RealPodHost {
             .map_err(|e| PodError::Internal(format!("unmounting /dev/shm: {e}")))
     }
 
-    fn delete_cgroup(&self, path: &Path) -> Result<(), PodError> {
-        self.cgroup(path)?
-            .delete()
-            .map_err(|e| PodError::linux("deleting the pod cgroup", e))
+    fn delete_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError> {
+        self.cgroups
+            .delete_pod(&cgroup_path(path)?, slice)
+            .map_err(|e| PodError::cgroup("deleting the pod cgroup", e))
     }
 
     fn remove_tree(&self, dir: &Path) -> Result<(), PodError> {

@@ -6,7 +6,6 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use crust_linux::cgroups;
 use crust_linux::ns::{self, NamespaceKind, PinOptions};
 use crust_network::config::NetworkConfigList;
 use crust_network::{Attachment, DEFAULT_IFNAME, RuntimeCapabilities};
@@ -17,12 +16,22 @@ use super::record::{self, NamespacePaths, NetworkRecord, PodRecord, PodState};
 use super::spec::PodSpec;
 use super::{PodError, PodOp, Pods, files, name_key, pause};
 use crate::clock::now_ns;
+use crate::crash;
 use crate::tasks::blocking;
 
 impl Pods {
     /// RunPodSandbox: sets the pod up and returns its ID. On any failure
     /// everything created is undone and the cause returned.
-    pub async fn run(&self, spec: PodSpec) -> Result<String, PodError> {
+    ///
+    /// `before_publish` sees the ready pod before it becomes visible (List,
+    /// Status) or takes containers (NRI plugins' RunPodSandbox); its error
+    /// fails the call like any other step. What it returns is kept until
+    /// the pod is visible, then dropped (a guard).
+    pub async fn run<G, F, Fut>(&self, spec: PodSpec, before_publish: F) -> Result<String, PodError>
+    where
+        F: FnOnce(PodRecord) -> Fut,
+        Fut: Future<Output = Result<G, PodError>>,
+    {
         let network = if spec.host_network {
             None
         } else {
@@ -50,13 +59,16 @@ impl Pods {
                 store
                     .put(&rec)
                     .map_err(|e| PodError::from(e).context("writing the pod record"))?;
+                crash::point("pod.run.record");
                 create_local(&*host, &rec, &spec)
             })
             .await
         };
         let res = match res {
             Ok(()) if pause::shares_pid(&rec) => {
-                self.host.start_pause(&rec, &self.oci_facts(&rec)).await
+                let started = self.host.start_pause(&rec, &self.oci_facts(&rec)).await;
+                crash::point("pod.run.pause");
+                started
             }
             res => res,
         };
@@ -71,7 +83,9 @@ impl Pods {
 
         // 2. CNI ADD.
         if let Some(net) = rec.network.as_mut() {
-            match self.host.cni_add(&net.config, &net.attachment).await {
+            let added = self.host.cni_add(&net.config, &net.attachment).await;
+            crash::point("pod.run.cni_added");
+            match added {
                 Ok(added) => {
                     net.result = Some(added.raw);
                     net.ips = added.ips.iter().map(ToString::to_string).collect();
@@ -101,16 +115,22 @@ impl Pods {
             );
             blocking(move || {
                 finish_local(&*host, &rec, &spec)?;
+                crash::point("pod.run.finished");
                 store
                     .put(&rec)
                     .map_err(|e| PodError::from(e).context("writing the pod record"))
             })
             .await
         };
+        crash::point("pod.run.ready");
         if let Err(e) = res {
             rec.state = PodState::Creating;
             return Err(self.rollback(rec, e).await);
         }
+        let guard = match before_publish(rec.clone()).await {
+            Ok(g) => g,
+            Err(e) => return Err(self.rollback(rec, e).await),
+        };
         info!(
             id = %rec.id,
             name = %rec.metadata.name,
@@ -119,6 +139,7 @@ impl Pods {
             "pod sandbox ready"
         );
         self.publish(rec);
+        drop(guard);
         Ok(id)
     }
 
@@ -130,18 +151,22 @@ impl Pods {
         let entry = op.entry();
         let mut rec = entry.snapshot();
         self.host.stop_pause(&rec).await?;
+        crash::point("pod.stop.pause");
         if rec.state == PodState::Ready {
             rec.state = PodState::NotReady;
             self.store_put(&rec).await?;
+            crash::point("pod.stop.not_ready");
             entry.set(rec.clone());
             info!(id = %rec.id, name = %rec.metadata.name, "pod sandbox stopped");
         }
         if rec.network_attached() {
             self.del_network(&rec).await?;
+            crash::point("pod.stop.cni_deleted");
             if let Some(net) = rec.network.as_mut() {
                 net.attached = false;
             }
             self.store_put(&rec).await?;
+            crash::point("pod.stop.detached");
             entry.set(rec);
         }
         Ok(())
@@ -153,6 +178,7 @@ impl Pods {
     pub async fn remove(&self, mut op: PodOp) -> Result<(), PodError> {
         let rec = op.entry().snapshot();
         self.teardown_local(&rec).await?;
+        crash::point("pod.remove.torn_down");
         // Last: a crash before this leaves a record whose teardown the next
         // Remove repeats.
         {
@@ -164,6 +190,7 @@ impl Pods {
             })
             .await?;
         }
+        crash::point("pod.remove.deleted");
         self.index.unpublish(&rec.id, &name_key(&rec.metadata));
         op.mark_removed();
         info!(id = %rec.id, name = %rec.metadata.name, "pod sandbox removed");
@@ -214,8 +241,17 @@ impl Pods {
                 [t(&m.uids[0]), t(&m.gids[0])]
             }),
         };
-        let cgroup_path = cgroups::pod_cgroup_path(&spec.cgroup_parent, id)
-            .map_err(|e| PodError::linux("config.linux.cgroup_parent", e))?;
+        let driver = if self.systemd {
+            crust_cgroups::Driver::Systemd
+        } else {
+            crust_cgroups::Driver::Cgroupfs
+        };
+        let (cgroup_path, slice) = crate::cgroups::plan_pod(driver, &spec.cgroup_parent, id, |p| {
+            self.host.cgroup_exists(Path::new(p.as_str()))
+        })
+        .map_err(|e| PodError::cgroup("config.linux.cgroup_parent", e))?;
+        let cgroup_path = std::path::PathBuf::from(cgroup_path.as_str());
+        self.check_unified(spec, &cgroup_path)?;
         let hostname = if spec.hostname.is_empty() {
             self.host.node_hostname()?
         } else {
@@ -273,6 +309,7 @@ impl Pods {
             host_pid: spec.host_pid,
             cgroup_parent: spec.cgroup_parent.clone(),
             cgroup_path,
+            slice,
             shm: (!spec.host_ipc).then(|| run_dir.join("shm")),
             hostname_path: state_dir.join("hostname"),
             hosts_path: state_dir.join("hosts"),
@@ -286,6 +323,26 @@ impl Pods {
         })
     }
 
+    /// The pod's `unified` resources (kubelet's pod-level resources and
+    /// overhead) name only files of controllers the pod cgroup has.
+    fn check_unified(&self, spec: &PodSpec, cgroup: &Path) -> Result<(), PodError> {
+        let Some(linux) = spec.config.linux.as_ref() else {
+            return Ok(());
+        };
+        for (field, res) in [
+            ("config.linux.resources.unified", &linux.resources),
+            ("config.linux.overhead.unified", &linux.overhead),
+        ] {
+            let Some(res) = res.as_ref().filter(|r| !r.unified.is_empty()) else {
+                continue;
+            };
+            let controllers = self.host.unified_controllers(cgroup)?;
+            crate::cgroups::check_unified(field, &res.unified, controllers)
+                .map_err(PodError::InvalidArgument)?;
+        }
+        Ok(())
+    }
+
     /// Undoes a failed RunPodSandbox and returns its cause. When the
     /// undoing fails too, the pod is kept (NOTREADY, visible) so that
     /// RemovePodSandbox retries it, and the error says so.
@@ -293,6 +350,7 @@ impl Pods {
         warn!(id = %rec.id, "pod sandbox creation failed, undoing it: {cause}");
         match self.teardown(&rec).await {
             Ok(()) => {
+                crash::point("pod.rollback.torn_down");
                 let (store, id) = (self.store.clone(), rec.id.clone());
                 let deleted =
                     blocking(move || Ok::<_, PodError>(store.delete::<PodRecord>(&id)?)).await;
@@ -344,6 +402,7 @@ impl Pods {
         if let Err(e) = self.host.stop_pause(rec).await {
             errors.push(format!("stopping the pause process: {e}"));
         }
+        crash::point("pod.teardown.pause");
         let (host, rec) = (self.host.clone(), rec.clone());
         let errors = blocking(move || {
             teardown_files(&*host, &rec, &mut errors);
@@ -375,6 +434,7 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
     // Not recursive: the ID is new, so an existing dir is an error.
     host.create_dir(&rec.run_dir)?;
     host.create_dir(&rec.state_dir)?;
+    crash::point("pod.run.dirs");
     let own_uts = rec.namespaces.uts.is_some();
     let opts = PinOptions {
         net: rec.namespaces.net.is_some(),
@@ -388,10 +448,13 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
     };
     if opts.net || opts.ipc || opts.uts {
         host.pin_namespaces(&rec.ns_dir, &opts)?;
+        crash::point("pod.run.pinned");
     }
-    host.create_cgroup(&rec.cgroup_path)?;
+    host.create_cgroup(&rec.cgroup_path, rec.slice.as_ref())?;
+    crash::point("pod.run.cgroup");
     if let Some(shm) = &rec.shm {
         host.mount_shm(shm)?;
+        crash::point("pod.run.shm");
     }
     host.write_file(&rec.hostname_path, &files::hostname(&rec.hostname))?;
     let resolv = match &spec.dns {
@@ -431,14 +494,17 @@ fn teardown_files(host: &dyn PodHost, rec: &PodRecord, errors: &mut Vec<String>)
     if let Err(e) = host.unpin_namespaces(&rec.ns_dir) {
         errors.push(e.to_string());
     }
+    crash::point("pod.teardown.unpinned");
     if let Some(shm) = &rec.shm
         && let Err(e) = host.unmount_shm(shm)
     {
         errors.push(e.to_string());
     }
-    if let Err(e) = host.delete_cgroup(&rec.cgroup_path) {
+    crash::point("pod.teardown.shm");
+    if let Err(e) = host.delete_cgroup(&rec.cgroup_path, rec.slice.as_ref()) {
         errors.push(e.to_string());
     }
+    crash::point("pod.teardown.cgroup");
     if let Err(e) = host.remove_tree(&rec.state_dir) {
         errors.push(e.to_string());
     }

@@ -195,10 +195,11 @@ impl Pods {
                 }),
             // cgroupfs: below the pod cgroup, so that cgroup v2's
             // no-internal-processes rule holds; systemd: the pod's slice.
-            cgroup_parent: if self.systemd {
-                rec.cgroup_parent.clone()
-            } else {
-                rec.cgroup_path.display().to_string()
+            cgroup_parent: match &rec.slice {
+                Some(slice) => slice.name.clone(),
+                // A systemd pod of an older daemon: kubelet's parent.
+                None if self.systemd => rec.cgroup_parent.clone(),
+                None => rec.cgroup_path.display().to_string(),
             },
             ..Default::default()
         }

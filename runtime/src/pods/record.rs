@@ -84,9 +84,13 @@ pub struct PodRecord {
     pub host_pid: bool,
     /// As the request gave it (kubelet's format for the cgroup driver).
     pub cgroup_parent: String,
-    /// The pod cgroup (cgroupfs path, `<parent>/crust-<id>`); containers'
-    /// cgroups go below it.
+    /// The pod cgroup in every hierarchy: `<parent>/crust-<id>` (cgroupfs
+    /// driver) or its slice's (systemd); containers' cgroups go below it.
     pub cgroup_path: PathBuf,
+    /// The pod's slice (systemd driver; records of older daemons have
+    /// none: their `cgroup_path` is a plain cgroup).
+    #[serde(default)]
+    pub slice: Option<crate::cgroups::PodSlice>,
     /// `<run_dir>/pods/<id>`: pinned namespaces and the shm mount.
     pub run_dir: PathBuf,
     /// `<root>/pods/<id>`: hostname, hosts and resolv.conf.

@@ -7,11 +7,12 @@ use std::net::IpAddr;
 use std::path::{Component, Path};
 
 use crust_api::v1::{NamespaceMode, PodSandboxConfig, Protocol, RunPodSandboxRequest};
-use crust_linux::{cgroups, ns, sysctl};
+use crust_linux::{ns, sysctl};
 use crust_network::{Bandwidth, PortMapping};
 
 use super::error::PodError;
 use super::record::PodMetadata;
+use crate::quote::quote;
 
 /// The default runtime handler only (unit tests).
 #[cfg(test)]
@@ -229,8 +230,10 @@ impl PodSpec {
                 .map_err(|e| PodError::invalid("config.hostname", e))?;
         }
 
-        cgroups::parse_cgroup_parent(&linux.cgroup_parent)
-            .map_err(|e| PodError::invalid("config.linux.cgroup_parent", e))?;
+        // Either driver's spelling here; `Pods::plan` checks it for the
+        // driver in use.
+        crust_cgroups::CgroupParent::parse_any(&linux.cgroup_parent)
+            .map_err(|e| PodError::cgroup("config.linux.cgroup_parent", e))?;
 
         if linux.sysctls.len() > MAX_SYSCTLS {
             return Err(PodError::invalid(
@@ -296,7 +299,10 @@ fn check_metadata(field: &str, value: &str) -> Result<String, PodError> {
     {
         return Err(PodError::invalid(
             field,
-            format!("{value:?} contains {c:?} (no control characters, ';' or '=')"),
+            format!(
+                "{} contains {c:?} (no control characters, ';' or '=')",
+                quote(value)
+            ),
         ));
     }
     Ok(value.to_string())
@@ -320,7 +326,7 @@ fn check_dns(dns: &crust_api::v1::DnsConfig) -> Result<DnsSpec, PodError> {
         if server.parse::<IpAddr>().is_err() {
             return Err(PodError::invalid(
                 &format!("config.dns_config.servers[{i}]"),
-                format!("{server:?} is not an IP address"),
+                format!("{} is not an IP address", quote(server)),
             ));
         }
     }
@@ -340,7 +346,10 @@ fn check_dns(dns: &crust_api::v1::DnsConfig) -> Result<DnsSpec, PodError> {
             if let Some(c) = entry.chars().find(|c| !c.is_ascii_graphic()) {
                 return Err(PodError::invalid(
                     &field,
-                    format!("{entry:?} contains {c:?} (whitespace, control or non-ASCII)"),
+                    format!(
+                        "{} contains {c:?} (whitespace, control or non-ASCII)",
+                        quote(entry)
+                    ),
                 ));
             }
         }
@@ -439,18 +448,21 @@ fn check_log_directory(dir: &str) -> Result<(), PodError> {
     if dir.chars().any(char::is_control) {
         return Err(PodError::invalid(
             FIELD,
-            format!("{dir:?} contains control characters"),
+            format!("{} contains control characters", quote(dir)),
         ));
     }
     let path = Path::new(dir);
     if !path.is_absolute() {
         return Err(PodError::invalid(
             FIELD,
-            format!("{dir:?} is not an absolute path"),
+            format!("{} is not an absolute path", quote(dir)),
         ));
     }
     if path.components().any(|c| c == Component::ParentDir) {
-        return Err(PodError::invalid(FIELD, format!("{dir:?} contains '..'")));
+        return Err(PodError::invalid(
+            FIELD,
+            format!("{} contains '..'", quote(dir)),
+        ));
     }
     Ok(())
 }
@@ -464,14 +476,15 @@ fn bandwidth(
         let Some(value) = annotations.get(key) else {
             return Ok(None);
         };
-        let field = format!("config.annotations[{key:?}]");
-        let bits = parse_quantity(value)
-            .ok_or_else(|| PodError::invalid(&field, format!("{value:?} is not a quantity")))?;
+        let field = format!("config.annotations[{}]", quote(key));
+        let bits = parse_quantity(value).ok_or_else(|| {
+            PodError::invalid(&field, format!("{} is not a quantity", quote(value)))
+        })?;
         // kubelet's own bounds: 1k to 1P bits per second.
         if !(1_000..=1_000_000_000_000_000).contains(&bits) {
             return Err(PodError::invalid(
                 &field,
-                format!("{value:?} is outside 1k..1P bits per second"),
+                format!("{} is outside 1k..1P bits per second", quote(value)),
             ));
         }
         Ok(Some(bits))

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, container_error, detached, map};
+use super::{Cri, bounds, container_error, detached, map, pod_error};
 use crate::containers::{ContainerRecord, ContainerState as CState, ImageRequest};
 
 fn state_of(s: CState) -> ContainerState {
@@ -129,6 +129,7 @@ impl Cri {
         req: Request<CreateContainerRequest>,
     ) -> Result<Response<CreateContainerResponse>, Status> {
         let req = req.into_inner();
+        bounds::create_container(&req)?;
         let d = self.daemon.clone();
         let id = detached(
             async move {
@@ -147,6 +148,7 @@ impl Cri {
         req: Request<StartContainerRequest>,
     ) -> Result<Response<StartContainerResponse>, Status> {
         let id = req.into_inner().container_id;
+        bounds::id("container_id", &id)?;
         let d = self.daemon.clone();
         detached(
             async move { d.lifecycle.start_container(&id).await },
@@ -161,6 +163,7 @@ impl Cri {
         req: Request<StopContainerRequest>,
     ) -> Result<Response<StopContainerResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
         let d = self.daemon.clone();
         detached(
             async move {
@@ -179,6 +182,7 @@ impl Cri {
         req: Request<RemoveContainerRequest>,
     ) -> Result<Response<RemoveContainerResponse>, Status> {
         let id = req.into_inner().container_id;
+        bounds::id("container_id", &id)?;
         let d = self.daemon.clone();
         detached(
             async move { d.lifecycle.remove_container(&id).await },
@@ -193,6 +197,7 @@ impl Cri {
         req: Request<ContainerStatusRequest>,
     ) -> Result<Response<ContainerStatusResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
         let containers = &self.daemon.containers;
         let rec = containers.get(&req.container_id).map_err(container_error)?;
         let mut info = HashMap::new();
@@ -225,6 +230,9 @@ impl Cri {
         req: Request<ListContainersRequest>,
     ) -> Result<Response<ListContainersResponse>, Status> {
         let f = req.into_inner().filter.unwrap_or_default();
+        bounds::id("filter.id", &f.id)?;
+        bounds::id("filter.pod_sandbox_id", &f.pod_sandbox_id)?;
+        bounds::selector("filter.label_selector", &f.label_selector)?;
         let state = f.state.map(|s| s.state);
         let containers = self
             .daemon
@@ -245,6 +253,18 @@ impl Cri {
         req: Request<UpdateContainerResourcesRequest>,
     ) -> Result<Response<UpdateContainerResourcesResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
+        if let Some(r) = &req.linux {
+            bounds::resources("linux", r)?;
+        }
+        bounds::annotations("annotations", &req.annotations)?;
+        if let Some(r) = req.linux.as_ref().filter(|r| !r.unified.is_empty()) {
+            let controllers = self.unified_controllers(&req.container_id)?;
+            // Never a path, `..` or a `cgroup.*` core file; only files of
+            // the cgroup's controllers: checked before anything is written.
+            crust_cgroups::validate_unified(&r.unified, controllers)
+                .map_err(|e| Status::invalid_argument(format!("linux.unified: {e}")))?;
+        }
         let d = self.daemon.clone();
         detached(
             async move {
@@ -258,11 +278,35 @@ impl Cri {
         Ok(Response::new(UpdateContainerResourcesResponse {}))
     }
 
+    /// The controllers a container's `unified` keys may name: on cgroup
+    /// v2 those its cgroup has (the pod cgroup's `cgroup.subtree_control`);
+    /// elsewhere every v2 controller, for the shape checks (the update
+    /// then refuses `unified` as needing v2).
+    fn unified_controllers(
+        &self,
+        container_id: &str,
+    ) -> Result<crust_cgroups::Controllers, Status> {
+        use crust_cgroups::{CgroupFs, CgroupPath, Controller, Controllers};
+        let every = || Controller::ALL.into_iter().collect::<Controllers>();
+        if !self.daemon.cgroup_hierarchy.is_unified() {
+            return Ok(every());
+        }
+        // An unknown container is refused NotFound by the update itself.
+        let Ok(rec) = self.daemon.containers.get(container_id) else {
+            return Ok(every());
+        };
+        let pod = self.daemon.pods.get(&rec.pod_id).map_err(pod_error)?;
+        CgroupPath::from_path(&pod.cgroup_path)
+            .and_then(|path| CgroupFs::detect()?.subtree_controllers(&path))
+            .map_err(|e| Status::internal(format!("the pod's cgroup controllers: {e}")))
+    }
+
     pub(super) async fn reopen_container_log_impl(
         &self,
         req: Request<ReopenContainerLogRequest>,
     ) -> Result<Response<ReopenContainerLogResponse>, Status> {
         let id = req.into_inner().container_id;
+        bounds::id("container_id", &id)?;
         self.daemon
             .containers
             .reopen_log(&id)
@@ -276,6 +320,8 @@ impl Cri {
         req: Request<ExecSyncRequest>,
     ) -> Result<Response<ExecSyncResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("container_id", &req.container_id)?;
+        bounds::exec_cmd("cmd", &req.cmd)?;
         let out = self
             .daemon
             .containers

@@ -24,8 +24,9 @@ use crust_image::{Credentials, ErrorKind, FsUsage, Reference, image_user};
 use tonic::{Code, Request, Response, Status};
 use tracing::{info, warn};
 
-use super::{Cri, ResponseStream};
+use super::{Cri, ResponseStream, bounds};
 use crate::clock::now_ns;
+use crate::quote::quote;
 
 #[tonic::async_trait]
 impl ImageService for Cri {
@@ -33,7 +34,7 @@ impl ImageService for Cri {
         &self,
         req: Request<ListImagesRequest>,
     ) -> Result<Response<ListImagesResponse>, Status> {
-        let filter = filter_query(req.into_inner().filter);
+        let filter = filter_query(req.into_inner().filter)?;
         let images = self.images_matching(filter.as_deref())?;
         Ok(Response::new(ListImagesResponse {
             images: images.iter().map(cri_image).collect(),
@@ -46,7 +47,7 @@ impl ImageService for Cri {
         &self,
         req: Request<StreamImagesRequest>,
     ) -> Result<Response<Self::StreamImagesStream>, Status> {
-        let filter = filter_query(req.into_inner().filter);
+        let filter = filter_query(req.into_inner().filter)?;
         let images: Vec<Image> = self
             .images_matching(filter.as_deref())?
             .iter()
@@ -66,7 +67,7 @@ impl ImageService for Cri {
         let images = &self.daemon.images;
         let Some(image) = images
             .get(&query)
-            .map_err(|e| image_error(&format!("image status of {query:?}"), e))?
+            .map_err(|e| image_error(&format!("image status of {}", quote(&query)), e))?
         else {
             return Ok(Response::new(ImageStatusResponse::default()));
         };
@@ -74,7 +75,7 @@ impl ImageService for Cri {
         if req.verbose {
             let config = images
                 .config_json(&image)
-                .map_err(|e| image_error(&format!("image status of {query:?}"), e))?;
+                .map_err(|e| image_error(&format!("image status of {}", quote(&query)), e))?;
             info.insert("info".to_string(), verbose_info(&image, &config));
         }
         Ok(Response::new(ImageStatusResponse {
@@ -89,10 +90,14 @@ impl ImageService for Cri {
     ) -> Result<Response<PullImageResponse>, Status> {
         let req = req.into_inner();
         let reference = required_image(req.image)?;
+        if let Some(auth) = &req.auth {
+            bounds::auth("auth", auth)?;
+        }
         let creds = credentials(req.auth);
         // Never the credentials themselves: only which kind was given.
         info!(image = %reference, auth = auth_kind(&creds), "pulling image");
         let started = Instant::now();
+        crate::crash::point("image.pull.begun");
         let image = self
             .daemon
             .images
@@ -100,8 +105,9 @@ impl ImageService for Cri {
             .await
             .map_err(|e| {
                 warn!(image = %reference, error = %e, "pull failed");
-                image_error(&format!("pulling image {reference:?}"), e)
+                image_error(&format!("pulling image {}", quote(&reference)), e)
             })?;
+        crate::crash::point("image.pull.done");
         info!(
             image = %reference,
             id = %image.id,
@@ -124,7 +130,7 @@ impl ImageService for Cri {
             .images
             .remove(&query)
             .await
-            .map_err(|e| image_error(&format!("removing image {query:?}"), e))?;
+            .map_err(|e| image_error(&format!("removing image {}", quote(&query)), e))?;
         if removed {
             info!(image = %query, "removed image");
         }
@@ -184,11 +190,12 @@ impl Cri {
     }
 }
 
-fn filter_query(filter: Option<ImageFilter>) -> Option<String> {
-    filter
-        .and_then(|f| f.image)
-        .map(|s| s.image.trim().to_string())
-        .filter(|s| !s.is_empty())
+fn filter_query(filter: Option<ImageFilter>) -> Result<Option<String>, Status> {
+    let Some(spec) = filter.and_then(|f| f.image) else {
+        return Ok(None);
+    };
+    bounds::image_spec("filter.image", &spec)?;
+    Ok(Some(spec.image.trim().to_string()).filter(|s| !s.is_empty()))
 }
 
 /// `name` normalised (`busybox` -> `docker.io/library/busybox`) when the
@@ -215,8 +222,9 @@ fn in_repository(image: &crust_image::Image, repo: &str) -> bool {
 
 /// The request's `image.image`, which every image RPC needs.
 fn required_image(spec: Option<ImageSpec>) -> Result<String, Status> {
-    let image = spec.map(|s| s.image).unwrap_or_default();
-    let image = image.trim();
+    let spec = spec.unwrap_or_default();
+    bounds::image_spec("image", &spec)?;
+    let image = spec.image.trim();
     if image.is_empty() {
         return Err(Status::invalid_argument("image.image is required"));
     }
@@ -296,7 +304,7 @@ pub(super) fn image_error(doing: &str, e: crust_image::Error) -> Status {
         ErrorKind::Internal => Code::Internal,
         ErrorKind::InUse => Code::FailedPrecondition,
     };
-    Status::new(code, format!("{doing}: {e}"))
+    super::status(code, format!("{doing}: {e}"))
 }
 
 fn fs_usage(mountpoint: &Path, usage: FsUsage, timestamp: i64) -> FilesystemUsage {

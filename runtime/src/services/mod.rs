@@ -5,6 +5,7 @@
 //! knows of tonic.
 
 mod admin;
+pub(crate) mod bounds;
 mod container;
 mod events;
 mod image;
@@ -85,33 +86,46 @@ fn map(
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
+/// The longest error message a client gets. Messages quote at most
+/// [`crate::quote::MAX_QUOTED`] bytes of any one input, but a lower layer's
+/// text (a plugin's or a runtime's error) is clipped here, so that no
+/// answer comes near the 16 KiB `grpc-message` header clients accept.
+pub const MAX_MESSAGE: usize = 2048;
+
+/// A status whose message is clipped to [`MAX_MESSAGE`].
+fn status(code: tonic::Code, message: impl AsRef<str>) -> Status {
+    Status::new(code, crate::quote::clip(message.as_ref(), MAX_MESSAGE))
+}
+
 /// A pod error as the gRPC status a client can act on.
 fn pod_error(e: PodError) -> Status {
+    use tonic::Code;
     match e {
-        PodError::InvalidArgument(m) => Status::invalid_argument(m),
-        PodError::NotFound(m) => Status::not_found(m),
-        PodError::AlreadyExists(m) => Status::already_exists(m),
-        PodError::Unimplemented(m) => Status::unimplemented(m),
-        PodError::Unavailable(m) => Status::unavailable(m),
-        PodError::Internal(m) => Status::internal(m),
+        PodError::InvalidArgument(m) => status(Code::InvalidArgument, m),
+        PodError::NotFound(m) => status(Code::NotFound, m),
+        PodError::AlreadyExists(m) => status(Code::AlreadyExists, m),
+        PodError::Unimplemented(m) => status(Code::Unimplemented, m),
+        PodError::Unavailable(m) => status(Code::Unavailable, m),
+        PodError::Internal(m) => status(Code::Internal, m),
     }
 }
 
 /// A container error as the gRPC status a client can act on.
 fn container_error(e: ContainerError) -> Status {
+    use tonic::Code;
     match e {
-        ContainerError::InvalidArgument(m) => Status::invalid_argument(m),
-        ContainerError::NotFound(m) => Status::not_found(m),
-        ContainerError::AlreadyExists(m) => Status::already_exists(m),
-        ContainerError::FailedPrecondition(m) => Status::failed_precondition(m),
-        ContainerError::DeadlineExceeded(m) => Status::deadline_exceeded(m),
-        ContainerError::Internal(m) => Status::internal(m),
+        ContainerError::InvalidArgument(m) => status(Code::InvalidArgument, m),
+        ContainerError::NotFound(m) => status(Code::NotFound, m),
+        ContainerError::AlreadyExists(m) => status(Code::AlreadyExists, m),
+        ContainerError::FailedPrecondition(m) => status(Code::FailedPrecondition, m),
+        ContainerError::DeadlineExceeded(m) => status(Code::DeadlineExceeded, m),
+        ContainerError::Internal(m) => status(Code::Internal, m),
     }
 }
 
 /// Store failures are the daemon's problem, not the caller's.
 fn internal(e: impl std::fmt::Display) -> Status {
-    Status::internal(e.to_string())
+    status(tonic::Code::Internal, e.to_string())
 }
 
 #[cfg(test)]

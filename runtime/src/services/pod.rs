@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, detached, map, pod_error};
+use super::{Cri, bounds, detached, map, pod_error};
 use crate::clock::now_ns;
 use crate::pods::{ListFilter, PodRecord, PodSpec, PodState};
 
@@ -16,8 +16,10 @@ impl Cri {
         &self,
         req: Request<RunPodSandboxRequest>,
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
+        let req = req.into_inner();
+        bounds::run_pod_sandbox(&req)?;
         let handlers: Vec<String> = self.daemon.handlers.names().cloned().collect();
-        let spec = PodSpec::from_request_with(req.into_inner(), &handlers).map_err(pod_error)?;
+        let spec = PodSpec::from_request_with(req, &handlers).map_err(pod_error)?;
         let d = self.daemon.clone();
         let id = detached(async move { d.lifecycle.run_pod(spec).await }, pod_error).await?;
         Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
@@ -28,6 +30,7 @@ impl Cri {
         req: Request<StopPodSandboxRequest>,
     ) -> Result<Response<StopPodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
+        bounds::id("pod_sandbox_id", &id)?;
         let d = self.daemon.clone();
         detached(async move { d.lifecycle.stop_pod(&id).await }, pod_error).await?;
         Ok(Response::new(StopPodSandboxResponse {}))
@@ -38,6 +41,7 @@ impl Cri {
         req: Request<RemovePodSandboxRequest>,
     ) -> Result<Response<RemovePodSandboxResponse>, Status> {
         let id = req.into_inner().pod_sandbox_id;
+        bounds::id("pod_sandbox_id", &id)?;
         let d = self.daemon.clone();
         detached(async move { d.lifecycle.remove_pod(&id).await }, pod_error).await?;
         Ok(Response::new(RemovePodSandboxResponse {}))
@@ -48,6 +52,7 @@ impl Cri {
         req: Request<PodSandboxStatusRequest>,
     ) -> Result<Response<PodSandboxStatusResponse>, Status> {
         let req = req.into_inner();
+        bounds::id("pod_sandbox_id", &req.pod_sandbox_id)?;
         let rec = self
             .daemon
             .pods
@@ -71,6 +76,8 @@ impl Cri {
         req: Request<ListPodSandboxRequest>,
     ) -> Result<Response<ListPodSandboxResponse>, Status> {
         let filter = req.into_inner().filter.unwrap_or_default();
+        bounds::id("filter.id", &filter.id)?;
+        bounds::selector("filter.label_selector", &filter.label_selector)?;
         let state = match filter.state {
             None => None,
             Some(v) => match PodSandboxState::try_from(v.state) {

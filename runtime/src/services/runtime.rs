@@ -35,6 +35,7 @@ impl RuntimeService for Cri {
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         let verbose = req.get_ref().verbose;
+        let runtime = self.runtime_condition().await;
         let network = self.network_condition();
         let mut info = HashMap::new();
         if verbose {
@@ -47,18 +48,11 @@ impl RuntimeService for Cri {
                 json(serde_json::json!(d.cgroup_hierarchy)),
             );
             info.insert("podCIDRs".into(), json(serde_json::json!(d.pod_cidrs())));
+            info.insert("apparmor".into(), json(d.apparmor.status_info()));
         }
         Ok(Response::new(StatusResponse {
             status: Some(RuntimeStatus {
-                conditions: vec![
-                    RuntimeCondition {
-                        r#type: "RuntimeReady".into(),
-                        status: true,
-                        reason: String::new(),
-                        message: String::new(),
-                    },
-                    network,
-                ],
+                conditions: vec![runtime, network],
             }),
             info,
             runtime_handlers: self.runtime_handlers(),
@@ -401,6 +395,39 @@ impl Cri {
                 }),
             })
             .collect()
+    }
+
+    /// RuntimeReady is false while the metadata store cannot be written (a
+    /// full disk under the root): kubelet then sends no new pods. Each call
+    /// while it is so tries a small write, so readiness comes back as soon
+    /// as writes work, without a restart.
+    async fn runtime_condition(&self) -> RuntimeCondition {
+        let store = self.daemon.store.clone();
+        let health = tokio::task::spawn_blocking(move || {
+            if store.health().is_err() {
+                let _ = store.probe();
+            }
+            store.health()
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        let (status, reason, message) = match health {
+            Ok(()) => (true, String::new(), String::new()),
+            Err(why) => (
+                false,
+                "MetadataStoreNotWritable".to_string(),
+                crate::quote::clip(
+                    &format!("writing the metadata store failed: {why}"),
+                    super::MAX_MESSAGE,
+                ),
+            ),
+        };
+        RuntimeCondition {
+            r#type: "RuntimeReady".into(),
+            status,
+            reason,
+            message,
+        }
     }
 
     /// NetworkReady follows the CNI config dir, re-read on every call so a

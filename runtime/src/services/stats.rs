@@ -42,11 +42,12 @@ impl Cri {
         if rec.state != CState::Running {
             return stats;
         }
-        let Some(pod) = d.pods.get(&rec.pod_id).ok() else {
+        // Where the runtime put it: `<pod cgroup>/crust-<id>`, or the
+        // `crust-<id>.scope` of the pod's slice.
+        let Some(cg) = d.containers.cgroup_of(rec) else {
             return stats;
         };
-        let path = stats::container_cgroup(&pod.cgroup_path, &rec.id);
-        let (cpu, memory) = usage_messages(d.stats.usage(&path, &rec.id, now));
+        let (cpu, memory) = usage_messages(d.stats.usage(cg.path(), &rec.id, now));
         stats.cpu = cpu;
         stats.memory = memory;
         stats
@@ -103,7 +104,8 @@ impl Cri {
             .filter(|r| r.pod_id == pod.id && r.state == CState::Running)
             .map(|r| self.stats_of(r))
             .collect();
-        let (cpu, memory) = usage_messages(self.daemon.stats.usage(&pod.cgroup_path, &pod.id, now));
+        let (cpu, memory) =
+            usage_messages(self.daemon.stats.usage_at(&pod.cgroup_path, &pod.id, now));
         PodSandboxStats {
             attributes: Some(PodSandboxAttributes {
                 id: pod.id.clone(),

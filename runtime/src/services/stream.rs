@@ -5,13 +5,9 @@
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, container_error, pod_error};
+use super::{Cri, bounds, container_error, pod_error};
 use crate::containers::ContainerState;
 use crate::pods::PodState;
-
-/// Most arguments of an exec's command, and bytes in all of them.
-const MAX_ARGS: usize = 4096;
-const MAX_ARG_BYTES: usize = 1 << 20;
 
 impl Cri {
     fn streaming(&self) -> Result<&crust_streaming::StreamingServer, Status> {
@@ -40,11 +36,10 @@ impl Cri {
     ) -> Result<Response<ExecResponse>, Status> {
         let r = req.into_inner();
         check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
+        bounds::id("container_id", &r.container_id)?;
+        bounds::exec_cmd("cmd", &r.cmd)?;
         if r.cmd.is_empty() || r.cmd[0].is_empty() {
             return Err(Status::invalid_argument("cmd: required"));
-        }
-        if r.cmd.len() > MAX_ARGS || r.cmd.iter().map(String::len).sum::<usize>() > MAX_ARG_BYTES {
-            return Err(Status::invalid_argument("cmd: too long"));
         }
         if r.cmd.iter().any(|a| a.contains('\0')) {
             return Err(Status::invalid_argument("cmd: contains NUL"));
@@ -69,6 +64,7 @@ impl Cri {
         req: Request<AttachRequest>,
     ) -> Result<Response<AttachResponse>, Status> {
         let r = req.into_inner();
+        bounds::id("container_id", &r.container_id)?;
         check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
         let container_id = self.running_container_id(&r.container_id)?;
         let url = self
@@ -89,6 +85,8 @@ impl Cri {
         req: Request<PortForwardRequest>,
     ) -> Result<Response<PortForwardResponse>, Status> {
         let r = req.into_inner();
+        bounds::id("pod_sandbox_id", &r.pod_sandbox_id)?;
+        bounds::count("port", r.port.len(), bounds::MAX_FORWARD_PORTS)?;
         let mut ports = Vec::with_capacity(r.port.len());
         for p in &r.port {
             match u16::try_from(*p) {

@@ -16,6 +16,29 @@ use crust_streaming::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Ends a test that cannot run here: see [`skipped`].
+#[macro_export]
+macro_rules! skip {
+    ($($reason:tt)*) => {{
+        $crate::common::skipped(&format!($($reason)*));
+        return;
+    }};
+}
+
+/// One `SKIPPED: <test>: <reason>` line on stderr, past the harness's
+/// capture, so that a test that could not run is seen and counted
+/// (`grep -c '^SKIPPED'`), never read as passed. The same convention as
+/// `crust_tests::skipped`.
+pub fn skipped(reason: &str) {
+    use std::io::Write;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string();
+    let line = format!("SKIPPED: {test}: {reason}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// What the fake saw, for assertions.
 #[derive(Default)]
 pub struct Seen {
@@ -219,7 +242,7 @@ impl PodNetns {
                 Some(PodNetns { dir, path })
             }
             Err(e) => {
-                eprintln!("SKIP: cannot create a network namespace here: {e}");
+                eprintln!("cannot create a network namespace here: {e}");
                 None
             }
         }
@@ -281,7 +304,7 @@ pub fn node_dir() -> Option<&'static Path> {
             .output()
             .is_err()
         {
-            eprintln!("SKIP: node is not installed");
+            eprintln!("node is not installed");
             return None;
         }
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");

@@ -1,0 +1,689 @@
+//! cgroups through the real daemon, with the cgroup driver of the run
+//! (`CRUST_TEST_CGROUP_DRIVER`, default cgroupfs; the VM test bed runs the
+//! suites once per driver): limits land in the cgroup files (and, with the
+//! systemd driver, in the scope's unit properties), stats move, updates
+//! and `unified` keys are checked, a killed monitor leaves no process,
+//! cgroup or scope, a daemon restart keeps containers and their cgroups,
+//! and removed pods leave no cgroup or slice.
+//!
+//! Tests that need what this machine lacks (systemd, cgroup v2, runc)
+//! print `SKIPPED: <test>: <reason>` and are counted as skipped by
+//! `make test`'s summary.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crust_tests::crust_api::v1;
+use crust_tests::registry::*;
+use crust_tests::tonic::Code;
+use crust_tests::tonic::transport::Channel;
+use crust_tests::{Daemon, process_alive};
+
+type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
+
+const DRIVER_ENV: &str = "CRUST_TEST_CGROUP_DRIVER";
+
+fn systemd_driver() -> bool {
+    std::env::var(DRIVER_ENV).is_ok_and(|v| v == "systemd")
+}
+
+fn cgroup_v2() -> bool {
+    nix::sys::statfs::statfs("/sys/fs/cgroup")
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+}
+
+fn in_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+/// Reports the running test as skipped (one line past libtest's capture,
+/// which `make test`'s summary counts) and returns from it.
+macro_rules! skip_unless {
+    ($cond:expr, $why:expr) => {
+        if !$cond {
+            use std::io::Write;
+            let thread = std::thread::current();
+            let line = format!(
+                "SKIPPED: {}: {}\n",
+                thread.name().unwrap_or("<unnamed test>"),
+                $why
+            );
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            return;
+        }
+    };
+}
+
+fn test_image() -> TestImage {
+    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
+    let mut tar = LayerTar::new()
+        .dir("bin/")
+        .file_mode("bin/busybox", &busybox, 0o755);
+    for applet in ["sh", "cat", "sleep", "head", "true", "dd"] {
+        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
+    }
+    let layer = tar.dir("tmp/").finish();
+    build(ImageSpec {
+        layers: vec![gzip(&layer)],
+        cmd: &["sleep", "1000"],
+        ..ImageSpec::default()
+    })
+}
+
+struct Env {
+    d: Daemon,
+    _reg: Registry,
+    image: String,
+    rt: Rt,
+    handler: &'static str,
+}
+
+async fn env(handler: &'static str) -> Env {
+    let reg = Registry::start();
+    Pusher::new(&reg)
+        .image("test/cg", "v1", &test_image())
+        .await;
+    let driver = if systemd_driver() {
+        "systemd"
+    } else {
+        "cgroupfs"
+    };
+    let d = Daemon::builder()
+        .config(&format!("cgroup_driver = \"{driver}\""))
+        .start()
+        .await;
+    let image = format!("{}/test/cg:v1", reg.host);
+    d.image_v1()
+        .await
+        .pull_image(v1::PullImageRequest {
+            image: Some(v1::ImageSpec {
+                image: image.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("pull the test image");
+    let rt = d.runtime_v1().await;
+    Env {
+        d,
+        _reg: reg,
+        image,
+        rt,
+        handler,
+    }
+}
+
+/// A host-network pod sharing one PID namespace (so it has a pause
+/// process, in the pod's cgroup or slice too).
+fn pod_config(name: &str) -> v1::PodSandboxConfig {
+    v1::PodSandboxConfig {
+        metadata: Some(v1::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "crust-test-cgroups".into(),
+            attempt: 0,
+        }),
+        linux: Some(v1::LinuxPodSandboxConfig {
+            security_context: Some(v1::LinuxSandboxSecurityContext {
+                namespace_options: Some(v1::NamespaceOption {
+                    network: v1::NamespaceMode::Node as i32,
+                    pid: v1::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+type Pod = (String, v1::PodSandboxConfig);
+
+impl Env {
+    async fn pod(&mut self, name: &str) -> Pod {
+        let config = pod_config(name);
+        let id = self
+            .rt
+            .run_pod_sandbox(v1::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: self.handler.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+            .into_inner()
+            .pod_sandbox_id;
+        (id, config)
+    }
+
+    fn container(&self, name: &str, resources: v1::LinuxContainerResources) -> v1::ContainerConfig {
+        v1::ContainerConfig {
+            metadata: Some(v1::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(v1::ImageSpec {
+                image: self.image.clone(),
+                ..Default::default()
+            }),
+            linux: Some(v1::LinuxContainerConfig {
+                resources: Some(resources),
+                security_context: Some(v1::LinuxContainerSecurityContext::default()),
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn create(
+        &mut self,
+        pod: &Pod,
+        config: v1::ContainerConfig,
+    ) -> Result<String, crust_tests::tonic::Status> {
+        self.rt
+            .create_container(v1::CreateContainerRequest {
+                pod_sandbox_id: pod.0.clone(),
+                config: Some(config),
+                sandbox_config: Some(pod.1.clone()),
+            })
+            .await
+            .map(|r| r.into_inner().container_id)
+    }
+
+    async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
+        let id = self
+            .create(pod, config)
+            .await
+            .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
+        self.rt
+            .start_container(v1::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("StartContainer: {e}"));
+        id
+    }
+
+    async fn sh(&mut self, id: &str, script: &str) -> i32 {
+        self.rt
+            .exec_sync(v1::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: vec!["sh".into(), "-c".into(), script.into()],
+                timeout: 60,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e}"))
+            .into_inner()
+            .exit_code
+    }
+
+    async fn status(&mut self, id: &str) -> (v1::ContainerStatus, serde_json::Value) {
+        let r = self
+            .rt
+            .container_status(v1::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
+            .into_inner();
+        let info = r
+            .info
+            .get("info")
+            .map(|i| serde_json::from_str(i).unwrap())
+            .unwrap_or_default();
+        (r.status.unwrap(), info)
+    }
+
+    async fn pid_of(&mut self, id: &str) -> i32 {
+        self.status(id).await.1["pid"].as_i64().unwrap() as i32
+    }
+
+    async fn stats(&mut self, id: &str) -> v1::ContainerStats {
+        self.rt
+            .container_stats(v1::ContainerStatsRequest {
+                container_id: id.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ContainerStats: {e}"))
+            .into_inner()
+            .stats
+            .unwrap()
+    }
+
+    async fn remove_container(&mut self, id: &str) {
+        self.rt
+            .stop_container(v1::StopContainerRequest {
+                container_id: id.into(),
+                timeout: 0,
+            })
+            .await
+            .unwrap();
+        self.rt
+            .remove_container(v1::RemoveContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn remove_pod(&mut self, id: &str) {
+        self.rt
+            .stop_pod_sandbox(v1::StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .unwrap();
+        self.rt
+            .remove_pod_sandbox(v1::RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn update(
+        &mut self,
+        id: &str,
+        resources: v1::LinuxContainerResources,
+    ) -> Result<(), crust_tests::tonic::Status> {
+        self.rt
+            .update_container_resources(v1::UpdateContainerResourcesRequest {
+                container_id: id.into(),
+                linux: Some(resources),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Messages the daemon should never log for an ordinary container
+    /// life (the orphan cleanup crying wolf).
+    fn assert_no_orphan_warnings(&self) {
+        let logs = self.d.logs();
+        for bad in [
+            "is not a cgroupfs path",
+            "processes are left running",
+            "cannot kill its processes",
+        ] {
+            assert!(!logs.contains(bad), "the daemon logged {bad:?}:\n{logs}");
+        }
+    }
+}
+
+/// A process's cgroups: (hierarchy dir under /sys/fs/cgroup, path), the
+/// unified one ("") and every v1 controller hierarchy.
+fn cgroups_of(pid: i32) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut p = l.splitn(3, ':');
+            let (_, ctrls, path) = (p.next()?, p.next()?, p.next()?);
+            let dir = if ctrls.is_empty() {
+                if cgroup_v2() { "" } else { "unified" }.to_string()
+            } else {
+                ctrls.trim_start_matches("name=").to_string()
+            };
+            Some((dir, path.to_string()))
+        })
+        .collect()
+}
+
+/// The directory of a cgroup in hierarchy `dir`.
+fn cgroup_dir(dir: &str, path: &str) -> PathBuf {
+    Path::new("/sys/fs/cgroup")
+        .join(dir)
+        .join(path.trim_start_matches('/'))
+}
+
+/// The path of a process's cgroup in the hierarchy of controller `ctrl`
+/// (v2: the unified one).
+fn cgroup_path_of(pid: i32, ctrl: &str) -> Option<String> {
+    cgroups_of(pid)
+        .into_iter()
+        .find(|(dir, _)| {
+            if cgroup_v2() {
+                dir.is_empty()
+            } else {
+                dir.split(',').any(|c| c == ctrl)
+            }
+        })
+        .map(|(_, path)| path)
+}
+
+fn read_cgroup_file(pid: i32, ctrl: &str, file: &str) -> String {
+    let path = cgroup_path_of(pid, ctrl).unwrap_or_else(|| panic!("{pid} has no {ctrl} cgroup"));
+    let dir = if cgroup_v2() {
+        cgroup_dir("", &path)
+    } else {
+        let mount = cgroups_of(pid)
+            .into_iter()
+            .find(|(d, _)| d.split(',').any(|c| c == ctrl))
+            .unwrap()
+            .0;
+        cgroup_dir(&mount, &path)
+    };
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join(file).display()))
+        .trim()
+        .to_string()
+}
+
+/// `systemctl show -p PROP --value UNIT`.
+fn unit_property(unit: &str, prop: &str) -> String {
+    let out = std::process::Command::new("systemctl")
+        .args(["show", "-p", prop, "--value", unit])
+        .output()
+        .expect("systemctl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn unit_gone(unit: &str) -> bool {
+    let state = unit_property(unit, "ActiveState");
+    state.is_empty() || state == "inactive"
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+const MIB: i64 = 1 << 20;
+
+fn unified(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Limits, stats, updates, `unified` keys and removal, for one handler.
+async fn limits_stats_update_and_removal(handler: &'static str) {
+    let mut e = env(handler).await;
+    let pod = e.pod("limits").await;
+    let v2 = cgroup_v2();
+    let mut res = v1::LinuxContainerResources {
+        memory_limit_in_bytes: 64 * MIB,
+        cpu_period: 100_000,
+        cpu_quota: 50_000,
+        ..Default::default()
+    };
+    // Bad unified keys are refused by name before anything is made.
+    for key in ["cgroup.procs", "../memory.max", "memory.max/x"] {
+        let mut bad = res.clone();
+        bad.unified = unified(&[(key, "1")]);
+        let err = e.create(&pod, e.container("bad", bad)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(err.message().contains("unified"), "{err}");
+        if v2 {
+            assert!(err.message().contains(key), "{err}");
+        } else {
+            assert!(err.message().contains("needs cgroup v2"), "{err}");
+        }
+    }
+    if v2 {
+        res.unified = unified(&[("memory.high", "61440000"), ("memory.oom.group", "1")]);
+    }
+    let id = e.run(&pod, e.container("limits", res)).await;
+    let pid = e.pid_of(&id).await;
+
+    // The container's cgroup is where the driver puts it.
+    let path = cgroup_path_of(pid, "memory").unwrap();
+    let scope = format!("crust-{id}.scope");
+    if systemd_driver() {
+        assert!(
+            path.ends_with(&format!("crust-pod{}.slice/{scope}", pod.0)),
+            "{path}"
+        );
+        assert_eq!(unit_property(&scope, "Delegate"), "yes");
+        assert_eq!(unit_property(&scope, "MemoryMax"), (64 * MIB).to_string());
+        assert_eq!(unit_property(&scope, "CPUQuotaPerSecUSec"), "500ms");
+    } else {
+        assert!(
+            path.ends_with(&format!("/crust-{}/crust-{id}", pod.0)),
+            "{path}"
+        );
+    }
+    if v2 {
+        assert_eq!(
+            read_cgroup_file(pid, "memory", "memory.max"),
+            (64 * MIB).to_string()
+        );
+        assert_eq!(read_cgroup_file(pid, "cpu", "cpu.max"), "50000 100000");
+        assert_eq!(read_cgroup_file(pid, "memory", "memory.high"), "61440000");
+        assert_eq!(read_cgroup_file(pid, "memory", "memory.oom.group"), "1");
+    } else {
+        assert_eq!(
+            read_cgroup_file(pid, "memory", "memory.limit_in_bytes"),
+            (64 * MIB).to_string()
+        );
+        assert_eq!(read_cgroup_file(pid, "cpu", "cpu.cfs_quota_us"), "50000");
+    }
+
+    // Stats come from that cgroup, and move.
+    let first = e.stats(&id).await;
+    let cpu = first.cpu.expect("cpu stats");
+    assert!(cpu.timestamp > 0, "{first:?}");
+    let mem = first.memory.expect("memory stats");
+    assert!(mem.working_set_bytes.unwrap().value > 0, "{first:?}");
+    let used = |s: &v1::ContainerStats| {
+        s.cpu
+            .as_ref()
+            .and_then(|c| c.usage_core_nano_seconds)
+            .unwrap()
+            .value
+    };
+    let usage =
+        |s: &v1::ContainerStats| s.memory.as_ref().and_then(|m| m.usage_bytes).unwrap().value;
+    assert_eq!(
+        e.sh(&id, "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done")
+            .await,
+        0
+    );
+    assert_eq!(
+        e.sh(&id, "head -c 20000000 /dev/zero > /dev/shm/fill")
+            .await,
+        0
+    );
+    let second = e.stats(&id).await;
+    assert!(used(&second) > used(&first), "{first:?}\n{second:?}");
+    assert!(
+        usage(&second) >= usage(&first) + 15_000_000,
+        "{first:?}\n{second:?}"
+    );
+    let pod_stats =
+        e.rt.pod_sandbox_stats(v1::PodSandboxStatsRequest {
+            pod_sandbox_id: pod.0.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
+    let linux = pod_stats.linux.unwrap();
+    assert!(linux.cpu.unwrap().timestamp > 0);
+    assert!(
+        linux.memory.unwrap().usage_bytes.unwrap().value >= usage(&second),
+        "the pod's cgroup holds its containers"
+    );
+
+    // Updates land; bad unified keys are refused by name.
+    let more = v1::LinuxContainerResources {
+        memory_limit_in_bytes: 128 * MIB,
+        ..Default::default()
+    };
+    e.update(&id, more).await.unwrap();
+    let file = if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    assert_eq!(
+        read_cgroup_file(pid, "memory", file),
+        (128 * MIB).to_string()
+    );
+    let bad = v1::LinuxContainerResources {
+        unified: unified(&[("cgroup.kill", "1")]),
+        ..Default::default()
+    };
+    let err = e.update(&id, bad).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    if v2 {
+        assert!(err.message().contains("cgroup.kill"), "{err}");
+        assert!(process_alive(pid), "a refused update killed the container");
+        let high = v1::LinuxContainerResources {
+            unified: unified(&[("memory.high", "81920000")]),
+            ..Default::default()
+        };
+        e.update(&id, high).await.unwrap();
+        assert_eq!(read_cgroup_file(pid, "memory", "memory.high"), "81920000");
+    } else {
+        assert!(err.message().contains("needs cgroup v2"), "{err}");
+    }
+
+    // Removal leaves no cgroup (and no scope); the pod's goes with it.
+    let dirs: Vec<PathBuf> = cgroups_of(pid)
+        .iter()
+        .filter(|(_, p)| p.contains(&id))
+        .map(|(d, p)| cgroup_dir(d, p))
+        .collect();
+    assert!(!dirs.is_empty());
+    let pod_dirs: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| d.parent().unwrap().to_path_buf())
+        .collect();
+    e.remove_container(&id).await;
+    for d in &dirs {
+        assert!(!d.exists(), "{} is left", d.display());
+    }
+    if systemd_driver() {
+        assert!(unit_gone(&scope), "{scope} is left");
+    }
+    e.remove_pod(&pod.0).await;
+    for d in &pod_dirs {
+        assert!(!d.exists(), "the pod's cgroup {} is left", d.display());
+    }
+    if systemd_driver() {
+        let slice = format!("crust-pod{}.slice", pod.0);
+        assert!(unit_gone(&slice), "{slice} is left");
+    }
+    e.assert_no_orphan_warnings();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_stats_update_and_removal_embedded() {
+    limits_stats_update_and_removal("").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_stats_update_and_removal_runc() {
+    skip_unless!(in_path("runc"), "needs runc in PATH");
+    limits_stats_update_and_removal("runc").await;
+}
+
+/// The pid of the monitor of container `id`.
+fn monitor_pid(run_dir: &Path, id: &str) -> i32 {
+    let dir = run_dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains("crust-shim") && cmd.contains(&dir) && cmd.contains(id)).then_some(pid)
+        })
+        .next()
+        .expect("the container's monitor")
+}
+
+/// A SIGKILLed monitor: the daemon ends the container, and its cgroup
+/// (scope) goes; nothing is left running, nothing is warned.
+async fn a_killed_monitor_leaves_nothing(handler: &'static str) {
+    let mut e = env(handler).await;
+    let pod = e.pod("orphan").await;
+    let id = e.run(&pod, e.container("orphan", Default::default())).await;
+    let pid = e.pid_of(&id).await;
+    let dirs: Vec<PathBuf> = cgroups_of(pid)
+        .iter()
+        .filter(|(_, p)| p.contains(&id))
+        .map(|(d, p)| cgroup_dir(d, p))
+        .collect();
+    assert!(!dirs.is_empty(), "{:?}", cgroups_of(pid));
+    let monitor = monitor_pid(&e.d.run_dir, &id);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (st, _) = e.status(&id).await;
+        if st.state == v1::ContainerState::ContainerExited as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for("the container's init to go", || !process_alive(pid)).await;
+    wait_for("the container's cgroup to go", || {
+        dirs.iter().all(|d| !d.exists())
+    })
+    .await;
+    if systemd_driver() {
+        let scope = format!("crust-{id}.scope");
+        assert!(unit_gone(&scope), "{scope} is left");
+    }
+    assert!(
+        e.d.logs().contains("killed what was left of the container"),
+        "{}",
+        e.d.logs()
+    );
+    e.rt.remove_container(v1::RemoveContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    e.remove_pod(&pod.0).await;
+    e.assert_no_orphan_warnings();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_monitor_leaves_nothing_embedded() {
+    a_killed_monitor_leaves_nothing("").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_monitor_leaves_nothing_runc() {
+    skip_unless!(in_path("runc"), "needs runc in PATH");
+    a_killed_monitor_leaves_nothing("runc").await;
+}
+
+/// A daemon restart keeps the container running in its cgroup, and the
+/// restarted daemon reads its stats and removes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_keeps_containers_and_their_cgroups() {
+    let mut e = env("").await;
+    let pod = e.pod("restart").await;
+    let id = e
+        .run(&pod, e.container("restart", Default::default()))
+        .await;
+    let pid = e.pid_of(&id).await;
+    let before = cgroups_of(pid);
+    e.d.restart().await;
+    e.rt = e.d.runtime_v1().await;
+    assert!(process_alive(pid));
+    assert_eq!(cgroups_of(pid), before);
+    let (st, _) = e.status(&id).await;
+    assert_eq!(st.state, v1::ContainerState::ContainerRunning as i32);
+    let stats = e.stats(&id).await;
+    assert!(stats.cpu.unwrap().timestamp > 0);
+    e.remove_container(&id).await;
+    e.remove_pod(&pod.0).await;
+    wait_for("the container's init to go", || !process_alive(pid)).await;
+    e.assert_no_orphan_warnings();
+}
