@@ -584,8 +584,89 @@ fn mapping(container_id: u32, host_id: u32, length: u32) -> v1::IdMapping {
     }
 }
 
+/// A tmpfs mounted by the test (an emptyDir with medium Memory), unmounted
+/// on drop, also when the test fails.
+struct TestTmpfs(tempfile::TempDir);
+
+impl TestTmpfs {
+    fn new() -> TestTmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount tmpfs");
+        TestTmpfs(dir)
+    }
+}
+
+impl Drop for TestTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// A `v5.channel.k8s.io` WebSocket session (exec or attach): stdin (then
+/// its close), everything until the server closes; stdout and the status.
+async fn ws_session(url: &str, stdin: Option<&[u8]>) -> (String, String) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = url
+        .replace("http://", "ws://")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        "v5.channel.k8s.io".parse().unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    if let Some(data) = stdin {
+        ws.send(Message::binary([&[0u8][..], data].concat()))
+            .await
+            .unwrap();
+        ws.send(Message::binary(vec![255, 0])).await.unwrap();
+    }
+    let (mut out, mut status) = (Vec::new(), Vec::new());
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(30), ws.next())
+            .await
+            .expect("the session ends in time");
+        match msg {
+            Some(Ok(Message::Binary(b))) if !b.is_empty() => match b[0] {
+                1 => out.extend_from_slice(&b[1..]),
+                3 => status.extend_from_slice(&b[1..]),
+                _ => {}
+            },
+            Some(Ok(Message::Close(_))) | None => break,
+            Some(Ok(_)) => {}
+            Some(Err(e)) => panic!("{e}"),
+        }
+    }
+    (
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&status).into_owned(),
+    )
+}
+
+/// `(uid, gid)` of a host path.
+fn owner(p: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    (m.uid(), m.gid())
+}
+
 async fn user_namespaces(handler: &str) {
+    use std::os::unix::fs::PermissionsExt;
     let mut e = env().await;
+    // hostUsers: false pods have their own network (kubelet refuses host
+    // network with a user namespace).
+    let _net = crust_tests::TestNetwork::install(&e.d, &[]);
     let status =
         e.rt.status(v1::StatusRequest { verbose: false })
             .await
@@ -598,20 +679,28 @@ async fn user_namespaces(handler: &str) {
         .unwrap();
     assert!(h.features.unwrap().user_namespaces, "{h:?}");
 
+    // Volumes as kubelet makes them, owned by the host's root and readable
+    // by it alone: a dir (hostPath / emptyDir on disk), a tmpfs (emptyDir
+    // medium Memory, Secrets), a single file (a ConfigMap key, subPath).
+    let vol = tempfile::tempdir().unwrap();
+    std::fs::write(vol.path().join("owned"), "host root's\n").unwrap();
+    std::fs::set_permissions(
+        vol.path().join("owned"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let mem = TestTmpfs::new();
+    let file = vol.path().join("config-file");
+    std::fs::write(&file, "key=value\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+
     let good = vec![mapping(0, USERNS_HOST_ID, 65536)];
     let config = userns_pod(&e, "userns", good.clone(), v1::NamespaceMode::Pod);
     let pod = e
         .try_pod(config, handler)
         .await
         .unwrap_or_else(|err| panic!("RunPodSandbox: {err}"));
-    let mut c = e.container("main");
-    c.linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options = pod
+    let pod_ns = pod
         .1
         .linux
         .as_ref()
@@ -621,7 +710,35 @@ async fn user_namespaces(handler: &str) {
         .unwrap()
         .namespace_options
         .clone();
+    let idmapped = |host: &Path, container: &str| v1::Mount {
+        container_path: container.into(),
+        host_path: host.display().to_string(),
+        uid_mappings: good.clone(),
+        gid_mappings: good.clone(),
+        ..Default::default()
+    };
+    let mut c = e.container("main");
+    c.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "echo started as $(id -u); exec sleep 1000".into(),
+    ];
+    c.mounts = vec![
+        idmapped(vol.path(), "/vol"),
+        idmapped(mem.0.path(), "/mem"),
+        idmapped(&file, "/etc/config-file"),
+    ];
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options = pod_ns.clone();
     let id = e.run(&pod, c).await;
+    // The log is written on the host side.
+    assert_eq!(e.first_log_line(&pod, "main").await, "started as 0");
+
     let (_, out, _) = e.exec(&id, &["cat", "/proc/self/uid_map"]).await;
     let fields: Vec<&str> = out.split_whitespace().collect();
     assert_eq!(fields, ["0", "200000", "65536"], "{out}");
@@ -643,20 +760,122 @@ async fn user_namespaces(handler: &str) {
     let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let uid_line = st.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert!(uid_line.contains("200000"), "{uid_line}");
-    {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(format!("/proc/{pid}/root/tmp/written")).unwrap();
-        assert_eq!((meta.uid(), meta.gid()), (USERNS_HOST_ID, USERNS_HOST_ID));
-    }
-    // The pod's /etc files and /proc work from inside.
+    assert_eq!(
+        owner(Path::new(&format!("/proc/{pid}/root/tmp/written"))),
+        (USERNS_HOST_ID, USERNS_HOST_ID)
+    );
+
+    // Volumes are id-mapped: the host's root-owned files are root's inside
+    // (a 0600 file is readable), and what root writes inside is the host
+    // root's on the host, as kubelet expects (KEP-127).
     let (code, out) = e
         .sh(
             &id,
-            "cat /etc/hostname && cat /proc/self/status | grep -c Uid",
+            "stat -c %u:%g /vol/owned /mem /etc/config-file && cat /vol/owned /etc/config-file \
+             && echo new > /vol/new && echo new > /mem/new && mkdir /vol/d",
         )
         .await;
     assert_eq!(code, 0, "{out}");
-    assert!(out.starts_with("host-userns"), "{out}");
+    assert_eq!(
+        out, "0:0\n0:0\n0:0\nhost root's\nkey=value\n",
+        "id-mapped volumes"
+    );
+    for p in [
+        vol.path().join("new"),
+        vol.path().join("d"),
+        mem.0.path().join("new"),
+    ] {
+        assert_eq!(owner(&p), (0, 0), "{p:?}");
+    }
+
+    // /proc, /sys (of the pod's network namespace), /dev/shm and the pod's
+    // /etc files work from inside.
+    let (code, out) = e
+        .sh(
+            &id,
+            "cat /etc/hostname && grep -c Uid /proc/self/status && ls /sys/class/net \
+             && echo x > /dev/shm/x && cat /dev/shm/x && test -s /etc/hosts \
+             && test -e /etc/resolv.conf && echo ok",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("host-userns\n1\n"), "{out}");
+    assert!(out.contains("eth0") && out.ends_with("x\nok\n"), "{out}");
+
+    // Exec and attach through the streaming server join the namespace.
+    let url =
+        e.rt.exec(v1::ExecRequest {
+            container_id: id.clone(),
+            cmd: vec![
+                "sh".into(),
+                "-c".into(),
+                "id -u; cat /proc/self/uid_map".into(),
+            ],
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|err| panic!("Exec: {err}"))
+        .into_inner()
+        .url;
+    let (out, _) = ws_session(&url, None).await;
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["0", "0", "200000", "65536"],
+        "{out}"
+    );
+    let mut c = e.container("answer");
+    c.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "read l; echo got $l as $(id -u)".into(),
+    ];
+    c.stdin = true;
+    c.stdin_once = true;
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options = pod_ns.clone();
+    let answer = e.run(&pod, c).await;
+    let url =
+        e.rt.attach(v1::AttachRequest {
+            container_id: answer,
+            stdin: true,
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|err| panic!("Attach: {err}"))
+        .into_inner()
+        .url;
+    let (out, _) = ws_session(&url, Some(b"hello\n")).await;
+    assert_eq!(out, "got hello as 0\n");
+
+    // Mount mappings other than the pod's are refused, naming the field.
+    let mut c = e.container("badmount");
+    let mut m = idmapped(vol.path(), "/vol");
+    m.gid_mappings = vec![mapping(0, USERNS_HOST_ID + 1, 65536)];
+    c.mounts = vec![m];
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(
+        (err.code(), field_of(&err)),
+        (Code::InvalidArgument, "config.mounts[0].gidMappings"),
+        "{err}"
+    );
+    // ... and so are id-mapped mounts in a pod without a user namespace.
+    let plain = e.pod("plain", handler).await;
+    let mut c = e.container("idmapped");
+    c.mounts = vec![idmapped(vol.path(), "/vol")];
+    let err = e.create(&plain, c).await.unwrap_err();
+    assert_eq!(
+        (err.code(), field_of(&err)),
+        (Code::InvalidArgument, "config.mounts[0].uidMappings"),
+        "{err}"
+    );
+    e.remove_pod(&plain).await;
 
     // Refusals name the field and leave nothing behind.
     const F: &str = "config.linux.security_context.namespace_options.userns_options";

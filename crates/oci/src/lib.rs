@@ -22,13 +22,14 @@
 //! - A missing host path of a mount is an error (containerd creates it).
 //! - Masked/read-only paths: the request's lists replace the defaults when
 //!   non-empty; empty lists (proto3 cannot tell "unset" from "empty") mean
-//!   the defaults, never "unmasked" (that needs user namespaces, which crust
-//!   does not support).
+//!   the defaults, never "unmasked".
 //! - The default seccomp profile is stricter than moby's (see [`seccomp`]).
 //! - Ambient capabilities are also added to the other four sets.
 //! - Image volume mounts are the caller's to resolve: the daemon mounts the
 //!   image read-only and passes a read-only bind mount of it; an unresolved
-//!   `mounts[].image` is refused.
+//!   `mounts[].image` is refused. Likewise id-mapped mounts
+//!   (`mounts[].uidMappings`): the daemon id-maps the source through the
+//!   pod's user namespace and passes a plain bind of that.
 //! - Not implemented, rejected with a clear error: CDI devices, AppArmor
 //!   Localhost profiles on a node without AppArmor.
 //!   Ignored: SELinux options and relabelling (no SELinux on crust hosts),

@@ -105,7 +105,7 @@ pub(crate) fn container_mounts(
         if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
             return Err(SpecError::unsupported(
                 f("uidMappings"),
-                "id-mapped mounts (user namespaces)",
+                "an unresolved id-mapped mount (the daemon id-maps it through the pod's user namespace first)",
             ));
         }
         let dest = abs_path(&f("container_path"), &m.container_path)?;

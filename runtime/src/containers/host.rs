@@ -28,6 +28,8 @@ use crate::node::NodeHost;
 const IMAGE_VOLUMES: &str = "image-volumes";
 /// Where the id-mapped views of its image layers are (user namespace pods).
 const IDMAPPED_LAYERS: &str = "idmapped-layers";
+/// Where the id-mapped views of its volume mounts are (user namespace pods).
+const IDMAPPED_MOUNTS: &str = "idmapped-mounts";
 /// Largest /etc/passwd or /etc/group read from an image.
 const MAX_ETC_FILE: u64 = 4 << 20;
 /// How long a SIGKILLed container may take to be reaped.
@@ -118,8 +120,20 @@ pub trait ContainerHost: Send + Sync + 'static {
         lowers: &[PathBuf],
         userns: &crust_oci::UserNs,
     ) -> Result<Vec<PathBuf>, ContainerError>;
-    /// Unmounts the container's image volumes and id-mapped layers (none is
-    /// no error); after the rootfs. Blocking.
+    /// For a volume of a container in the pod's user namespace
+    /// (`config.mounts[index]` with the pod's mappings): bind-mounts
+    /// `source` (a dir or a file) id-mapped through the namespace under the
+    /// state dir and returns that path, the mount's new source. A missing
+    /// source is InvalidArgument naming `host_path`. Blocking.
+    fn idmap_mount(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        source: &Path,
+        userns: &crust_oci::UserNs,
+    ) -> Result<PathBuf, ContainerError>;
+    /// Unmounts the container's image volumes, id-mapped layers and
+    /// id-mapped mounts (none is no error); after the rootfs. Blocking.
     fn unmount_private_mounts(&self, rec: &ContainerRecord) -> Result<(), ContainerError>;
     /// Removes a dir and everything in it (never through a mount: the
     /// rootfs is unmounted first); a missing one is no error.
@@ -397,8 +411,53 @@ impl ContainerHost for RealContainerHost {
         Ok(out)
     }
 
+    fn idmap_mount(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        source: &Path,
+        userns: &crust_oci::UserNs,
+    ) -> Result<PathBuf, ContainerError> {
+        if !source.is_absolute() {
+            return Err(ContainerError::InvalidArgument(format!(
+                "config.mounts[{index}].host_path: {} is not an absolute path",
+                crate::quote::quote(&source.to_string_lossy())
+            )));
+        }
+        let meta = std::fs::metadata(source).map_err(|e| {
+            ContainerError::InvalidArgument(format!(
+                "config.mounts[{index}].host_path: {}: {e}",
+                crate::quote::quote(&source.to_string_lossy())
+            ))
+        })?;
+        let dir = rec.state_dir.join(IDMAPPED_MOUNTS);
+        mkdir(&dir, 0o711)?;
+        let target = dir.join(index.to_string());
+        if meta.is_dir() {
+            mkdir(&target, 0o755)?;
+        } else {
+            // A file (or device) is bind-mounted onto a file.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&target)
+                .map_err(|e| {
+                    ContainerError::Internal(format!("creating {}: {e}", target.display()))
+                })?;
+        }
+        crust_linux::mounts::mount_idmapped(source, &target, &userns.path).map_err(|e| {
+            ContainerError::InvalidArgument(format!(
+                "config.mounts[{index}].uidMappings: cannot id-map {} (does its filesystem \
+                 support id-mapped mounts?): {e}",
+                crate::quote::quote(&source.to_string_lossy())
+            ))
+        })?;
+        Ok(target)
+    }
+
     fn unmount_private_mounts(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
-        for sub in [IMAGE_VOLUMES, IDMAPPED_LAYERS] {
+        for sub in [IMAGE_VOLUMES, IDMAPPED_LAYERS, IDMAPPED_MOUNTS] {
             let dir = rec.state_dir.join(sub);
             let entries = match std::fs::read_dir(&dir) {
                 Ok(e) => e,

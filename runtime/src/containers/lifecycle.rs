@@ -170,6 +170,7 @@ impl Containers {
         image: &ImageFacts,
         hook: &dyn SpecHook,
     ) -> Result<(), ContainerError> {
+        let idmapped = super::validate::idmapped_mounts(config, pod.facts.user_ns.as_ref())?;
         let lowers =
             self.images.lease(&rec.id, &image.id).await.map_err(|e| {
                 ContainerError::NotFound(format!("image {}: {e}", quote(&rec.image)))
@@ -209,6 +210,17 @@ impl Containers {
                     m.readonly = true;
                     m.image = None;
                     m.image_sub_path.clear();
+                }
+                // Volumes of a user namespace pod: id-mapped through it, so
+                // the container's root owns what the host's root owns.
+                if let Some(userns) = &pod.facts.user_ns {
+                    for &i in &idmapped {
+                        let m = &mut config.mounts[i];
+                        let source = host.idmap_mount(&r, i, Path::new(&m.host_path), userns)?;
+                        m.host_path = source.display().to_string();
+                        m.uid_mappings.clear();
+                        m.gid_mappings.clear();
+                    }
                 }
                 let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
                 let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;

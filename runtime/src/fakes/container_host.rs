@@ -381,6 +381,16 @@ impl ContainerHost for FakeContainerHost {
         Ok(lowers.to_vec())
     }
 
+    fn idmap_mount(
+        &self,
+        _rec: &ContainerRecord,
+        _index: usize,
+        source: &Path,
+        _userns: &crust_oci::UserNs,
+    ) -> Result<PathBuf, ContainerError> {
+        Ok(source.to_path_buf())
+    }
+
     fn unmount_private_mounts(&self, _rec: &ContainerRecord) -> Result<(), ContainerError> {
         Ok(())
     }
