@@ -34,6 +34,9 @@ pub struct Config {
     /// NRI (Node Resource Interface) plugins: the socket they connect to,
     /// the pre-installed ones crust starts itself, timeouts.
     pub nri: crust_nri::Config,
+    /// CDI spec file dirs, lowest priority first (a device defined again in
+    /// a later dir wins).
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 /// The `[streaming]` table: where the server behind the Exec, Attach and
@@ -162,6 +165,7 @@ impl Default for Config {
             shim_binary: None,
             streaming: StreamingSection::default(),
             nri: crust_nri::Config::default(),
+            cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
         }
     }
 }

@@ -915,3 +915,122 @@ async fn user_namespaces_embedded() {
 async fn user_namespaces_runc() {
     user_namespaces("runc").await;
 }
+
+// ---------------------------------------------------------------------------
+// CDI devices
+
+async fn cdi_devices(handler: &str) {
+    // Spec files as a device plugin or DRA driver writes them: a JSON one in
+    // the low-priority dir and a YAML one in the high-priority dir that
+    // redefines a device (the later dir wins).
+    let cdi = tempfile::tempdir().unwrap();
+    let (etc, run) = (cdi.path().join("etc"), cdi.path().join("run"));
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::create_dir_all(&run).unwrap();
+    let shared = cdi.path().join("shared");
+    std::fs::write(&shared, "from the vendor\n").unwrap();
+    std::fs::write(
+        etc.join("crust-test.json"),
+        format!(
+            r#"{{"cdiVersion": "0.6.0", "kind": "crust.test/dev",
+                "containerEdits": {{"env": ["CDI_VENDOR=crust"]}},
+                "devices": [
+                  {{"name": "null0", "containerEdits": {{
+                    "env": ["CDI_DEVICE=null0"],
+                    "deviceNodes": [{{"path": "/dev/cdi-null", "hostPath": "/dev/null"}}],
+                    "mounts": [{{"hostPath": "{}", "containerPath": "/cdi/shared", "options": ["ro", "bind"]}}]
+                  }}}},
+                  {{"name": "zero0", "containerEdits": {{"env": ["ZERO=from-etc"]}}}}
+                ]}}"#,
+            shared.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        run.join("crust-test.yaml"),
+        "cdiVersion: 0.6.0\nkind: crust.test/dev\ndevices:\n- name: zero0\n  containerEdits:\n    env: [ZERO=from-run]\n    deviceNodes:\n    - path: /dev/cdi-zero\n      hostPath: /dev/zero\n      permissions: rw\n",
+    )
+    .unwrap();
+    let mut e = env_with(Daemon::builder().config(&format!(
+        "cdi_spec_dirs = [{:?}, {:?}]\n",
+        etc.display().to_string(),
+        run.display().to_string()
+    )))
+    .await;
+    let pod = e.pod("cdi", handler).await;
+    // One device through CDI_devices, one through the annotation kubelet's
+    // device manager used before.
+    let mut c = e.container("main");
+    c.cdi_devices = vec![v1::CdiDevice {
+        name: "crust.test/dev=null0".into(),
+    }];
+    c.annotations.insert(
+        "cdi.k8s.io/crust-test".into(),
+        "crust.test/dev=zero0".into(),
+    );
+    let id = e.run(&pod, c).await;
+    let (code, out) = e
+        .sh(
+            &id,
+            "stat -c %t:%T /dev/cdi-null /dev/cdi-zero && echo x > /dev/cdi-null \
+             && echo x > /dev/cdi-zero && cat /dev/cdi-null && cat /cdi/shared \
+             && echo $CDI_VENDOR $CDI_DEVICE $ZERO",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out, "1:3\n1:5\nfrom the vendor\ncrust null0 from-run\n",
+        "CDI edits seen from inside"
+    );
+    let (code, out) = e.sh(&id, "echo y > /cdi/shared").await;
+    assert_ne!(code, 0, "the CDI mount is read-only: {out}");
+
+    // An unknown device is InvalidArgument naming the field and the device,
+    // and leaves no container behind.
+    let mut c = e.container("unknown");
+    c.cdi_devices = vec![
+        v1::CdiDevice {
+            name: "crust.test/dev=null0".into(),
+        },
+        v1::CdiDevice {
+            name: "crust.test/dev=missing".into(),
+        },
+    ];
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(
+        (err.code(), field_of(&err)),
+        (Code::InvalidArgument, "config.CDI_devices[1].name"),
+        "{err}"
+    );
+    assert!(err.message().contains("crust.test/dev=missing"), "{err}");
+    let mut c = e.container("unknown-annotation");
+    c.annotations
+        .insert("cdi.k8s.io/x".into(), "crust.test/dev=gone".into());
+    let err = e.create(&pod, c).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(
+        err.message()
+            .starts_with("config.annotations[\"cdi.k8s.io/x\"]")
+            && err.message().contains("crust.test/dev=gone"),
+        "{err}"
+    );
+    let listed =
+        e.rt.list_containers(v1::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    e.remove_pod(&pod).await;
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cdi_devices_embedded() {
+    cdi_devices("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cdi_devices_runc() {
+    cdi_devices("runc").await;
+}

@@ -30,8 +30,10 @@
 //!   `mounts[].image` is refused. Likewise id-mapped mounts
 //!   (`mounts[].uidMappings`): the daemon id-maps the source through the
 //!   pod's user namespace and passes a plain bind of that.
-//! - Not implemented, rejected with a clear error: CDI devices, AppArmor
-//!   Localhost profiles on a node without AppArmor.
+//! - CDI devices are the caller's to resolve (it reads the spec files):
+//!   [`cdi`] parses them and applies a device's edits to the spec.
+//! - Not implemented, rejected with a clear error: AppArmor Localhost
+//!   profiles on a node without AppArmor.
 //!   Ignored: SELinux options and relabelling (no SELinux on crust hosts),
 //!   AppArmor RuntimeDefault on a node without AppArmor (see [`apparmor`]
 //!   for the node with it), image `Volumes` (no anonymous
@@ -40,6 +42,7 @@
 
 mod apparmor;
 mod caps;
+pub mod cdi;
 mod cgroup;
 mod compat;
 mod devices;

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crust_api::v1::{ContainerConfig, PodSandboxConfig};
+use crust_api::v1::PodSandboxConfig;
 use oci_spec::runtime::{Linux, LinuxResources, Mount, Process, Root, Spec, User};
 use serde::de::DeserializeOwned;
 
@@ -114,14 +114,6 @@ fn set_user_mappings(linux: &mut Linux, pod: &crate::PodFacts) {
     linux.set_gid_mappings(Some(vec![map(&user.gid)]));
 }
 
-/// Requests crust cannot honour, rejected up front.
-fn reject_unsupported(config: &ContainerConfig) -> Result<(), SpecError> {
-    if !config.cdi_devices.is_empty() {
-        return Err(SpecError::unsupported("config.CDI_devices", "CDI devices"));
-    }
-    Ok(())
-}
-
 /// The OCI runtime spec of a container.
 ///
 /// Pure: everything it needs is in `input`, host facts come through
@@ -132,7 +124,6 @@ pub fn container_spec(input: &SpecInput<'_>) -> Result<Spec, SpecError> {
     let runtime = input.runtime;
     id("container_id", input.container_id)?;
     let rootfs = abs_path("rootfs", &input.rootfs.to_string_lossy())?;
-    reject_unsupported(config)?;
 
     let sc = config
         .linux

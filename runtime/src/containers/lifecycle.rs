@@ -192,6 +192,7 @@ impl Containers {
         let mut built = {
             let host = self.host.clone();
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
+            let cdi_dirs = self.dirs.cdi_spec_dirs.clone();
             blocking(move || -> Result<Built, ContainerError> {
                 let lowers = match &pod.facts.user_ns {
                     Some(userns) => host.idmap_layers(&r, &lowers, userns)?,
@@ -222,6 +223,14 @@ impl Containers {
                         m.gid_mappings.clear();
                     }
                 }
+                let cdi_names = crust_oci::cdi::requested_devices(&config);
+                let cdi = if cdi_names.is_empty() {
+                    Vec::new()
+                } else {
+                    super::cdi::load(&cdi_dirs)
+                        .resolve(&cdi_names)
+                        .map_err(ContainerError::from_spec)?
+                };
                 let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
                 let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;
                 let parts = Parts {
@@ -235,6 +244,7 @@ impl Containers {
                     etc_group: group.as_deref(),
                     target_pid_ns,
                     runtime: &runtime_facts,
+                    cdi: &cdi,
                 };
                 spec::build(&parts, host.spec_host())
             })
