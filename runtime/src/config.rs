@@ -266,7 +266,8 @@ impl Config {
             .cni_bin_dirs
             .iter()
             .map(|p| ("network.cni_bin_dirs", p));
-        for (key, path) in paths.into_iter().chain(bin_dirs) {
+        let cdi_dirs = self.cdi_spec_dirs.iter().map(|p| ("cdi_spec_dirs", p));
+        for (key, path) in paths.into_iter().chain(bin_dirs).chain(cdi_dirs) {
             if !path.is_absolute() {
                 return Err(ConfigError::Invalid(format!(
                     "{key} must be an absolute path, got {:?}",

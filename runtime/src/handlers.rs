@@ -163,7 +163,11 @@ async fn detect_features(
         .ok()
         .and_then(|u| kernel_version(&u.release().to_string_lossy()))
         .is_some_and(|v| v >= (5, 12));
-    let kernel_userns = std::path::Path::new("/proc/self/ns/user").exists()
+    // The daemon id-maps rootfs layers and volumes itself
+    // (mount_setattr(MOUNT_ATTR_IDMAP), Linux 5.12), so user namespace
+    // support is the kernel's, the same for every handler.
+    let kernel_userns = kernel_rro
+        && std::path::Path::new("/proc/self/ns/user").exists()
         && std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())

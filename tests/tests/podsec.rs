@@ -916,6 +916,11 @@ async fn user_namespaces_runc() {
     user_namespaces("runc").await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn user_namespaces_crun() {
+    user_namespaces("crun").await;
+}
+
 // ---------------------------------------------------------------------------
 // CDI devices
 
@@ -1033,4 +1038,9 @@ async fn cdi_devices_embedded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cdi_devices_runc() {
     cdi_devices("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cdi_devices_crun() {
+    cdi_devices("crun").await;
 }
