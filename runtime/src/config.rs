@@ -37,6 +37,9 @@ pub struct Config {
     /// NRI (Node Resource Interface) plugins: the socket they connect to,
     /// the pre-installed ones crust starts itself, timeouts.
     pub nri: crust_nri::Config,
+    /// CDI spec file dirs, lowest priority first (a device defined again in
+    /// a later dir wins).
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 /// The `[metrics]` table: where `GET /metrics` (Prometheus / OpenMetrics
@@ -191,6 +194,7 @@ impl Default for Config {
             streaming: StreamingSection::default(),
             metrics: MetricsSection::default(),
             nri: crust_nri::Config::default(),
+            cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
         }
     }
 }
@@ -291,7 +295,8 @@ impl Config {
             .cni_bin_dirs
             .iter()
             .map(|p| ("network.cni_bin_dirs", p));
-        for (key, path) in paths.into_iter().chain(bin_dirs) {
+        let cdi_dirs = self.cdi_spec_dirs.iter().map(|p| ("cdi_spec_dirs", p));
+        for (key, path) in paths.into_iter().chain(bin_dirs).chain(cdi_dirs) {
             if !path.is_absolute() {
                 return Err(ConfigError::Invalid(format!(
                     "{key} must be an absolute path, got {:?}",

@@ -145,6 +145,7 @@ impl Daemon {
             containers::Dirs {
                 run_dir: config.run_dir.join("containers"),
                 layers_dir: config.containers_dir(),
+                cdi_spec_dirs: config.cdi_spec_dirs.clone(),
             },
         ));
         containers

@@ -146,6 +146,11 @@ fn find_in_path(p: &Path) -> Option<PathBuf> {
 pub struct HandlerFeatures {
     /// The `rro` mount option (recursive read-only, via mount_setattr).
     pub recursive_read_only_mounts: bool,
+    /// Pods with their own user namespace (userns_options POD): the daemon
+    /// creates and pins it, the handler joins it by path with its mappings
+    /// (runc >= 1.0, crun, youki's libcontainer all do). Needs a kernel
+    /// that allows user namespaces.
+    pub user_namespaces: bool,
 }
 
 /// Detects every handler's features once (a CLI runtime is asked with its
@@ -158,6 +163,15 @@ async fn detect_features(
         .ok()
         .and_then(|u| kernel_version(&u.release().to_string_lossy()))
         .is_some_and(|v| v >= (5, 12));
+    // The daemon id-maps rootfs layers and volumes itself
+    // (mount_setattr(MOUNT_ATTR_IDMAP), Linux 5.12), so user namespace
+    // support is the kernel's, the same for every handler.
+    let kernel_userns = kernel_rro
+        && std::path::Path::new("/proc/self/ns/user").exists()
+        && std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0);
     let mut cli_rro: BTreeMap<&Path, bool> = BTreeMap::new();
     let mut out = BTreeMap::new();
     for (name, rc) in handlers {
@@ -178,6 +192,7 @@ async fn detect_features(
             name.clone(),
             HandlerFeatures {
                 recursive_read_only_mounts: rro,
+                user_namespaces: kernel_userns,
             },
         );
     }

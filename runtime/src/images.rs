@@ -28,7 +28,18 @@ pub trait ContainerImages: Send + Sync {
         image_id: &str,
     ) -> Result<Vec<PathBuf>, crust_image::Error>;
 
-    /// Drops the lease of `container_id` (none is no error).
+    /// Leases image `image_id` as the image volume `config.mounts[index]`
+    /// of `container_id`: the image stays (RemoveImage refuses it) until
+    /// [`Self::release`]. Returns its layers, bottom first.
+    async fn lease_volume(
+        &self,
+        container_id: &str,
+        index: usize,
+        image_id: &str,
+    ) -> Result<Vec<PathBuf>, crust_image::Error>;
+
+    /// Drops the leases of `container_id`, its image volumes' too (none is
+    /// no error).
     async fn release(&self, container_id: &str) -> Result<(), crust_image::Error>;
 
     /// The container IDs holding a lease.
@@ -52,13 +63,46 @@ impl ContainerImages for ImageService {
         ImageService::lease(self, container_id, image_id).await
     }
 
+    async fn lease_volume(
+        &self,
+        container_id: &str,
+        index: usize,
+        image_id: &str,
+    ) -> Result<Vec<PathBuf>, crust_image::Error> {
+        ImageService::lease_volume(self, &volume_holder(container_id, index), image_id).await
+    }
+
     async fn release(&self, container_id: &str) -> Result<(), crust_image::Error> {
+        let prefix = volume_holder(container_id, 0);
+        let prefix = prefix.trim_end_matches('0');
+        for (holder, _) in self.leases()? {
+            if holder.starts_with(prefix) {
+                ImageService::release(self, &holder).await?;
+            }
+        }
         ImageService::release(self, container_id).await
     }
 
     fn leaseholders(&self) -> Result<Vec<String>, crust_image::Error> {
-        Ok(self.leases()?.into_iter().map(|(id, _)| id).collect())
+        let mut ids: Vec<String> = self
+            .leases()?
+            .into_iter()
+            .map(|(holder, _)| container_of(&holder).to_string())
+            .collect();
+        ids.dedup();
+        Ok(ids)
     }
+}
+
+/// The lease key of a container's image volume: `<container id>/volume/<n>`
+/// (container IDs are hex, so no container ID contains a '/').
+fn volume_holder(container_id: &str, index: usize) -> String {
+    format!("{container_id}/volume/{index}")
+}
+
+/// The container a lease key belongs to.
+fn container_of(holder: &str) -> &str {
+    holder.split('/').next().unwrap_or(holder)
 }
 
 /// The part of an image's config a container spec uses.

@@ -23,6 +23,9 @@ pub enum ErrorKind {
     InvalidContent,
     /// A local failure (disk, metadata store).
     Internal,
+    /// The image is in use in a way that forbids the request (an image
+    /// volume of a container, for RemoveImage).
+    InUse,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +76,9 @@ pub enum Error {
     #[error("{0}")]
     Internal(String),
 
+    #[error("{0}")]
+    InUse(String),
+
     /// The error of a pull another caller ran for us (single-flight).
     #[error("{0}")]
     Shared(Arc<Error>),
@@ -96,6 +102,7 @@ impl Error {
             Error::HostsConfig { .. } | Error::Io { .. } | Error::Store(_) | Error::Internal(_) => {
                 ErrorKind::Internal
             }
+            Error::InUse(_) => ErrorKind::InUse,
             Error::Shared(inner) => inner.kind(),
         }
     }

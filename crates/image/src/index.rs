@@ -62,6 +62,10 @@ impl Image {
 pub struct Lease {
     pub image_id: String,
     pub chain_ids: Vec<Digest>,
+    /// The image is mounted as an image volume (KEP-4639): it may not be
+    /// removed while the lease lasts, not only its layers kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub volume: bool,
 }
 
 /// The stored form of a lease: one record per container, keyed by its ID,

@@ -461,6 +461,17 @@ impl ImageService {
         let Some((image, _)) = index::find(&images, query)? else {
             return Ok(false);
         };
+        let leases = Leases::load(&self.inner.store)?;
+        if let Some((holder, _)) = leases
+            .by_container
+            .iter()
+            .find(|(_, l)| l.volume && l.image_id == image.id)
+        {
+            return Err(Error::InUse(format!(
+                "image {} is mounted as an image volume by {holder}",
+                image.id
+            )));
+        }
         self.apply(Changes {
             put: vec![],
             delete: vec![image.id.clone()],
@@ -519,6 +530,23 @@ impl ImageService {
     /// the image's removal until [`Self::release`]; returns the layer dirs
     /// (bottom first). Leasing again replaces the container's lease.
     pub async fn lease(&self, container_id: &str, image: &str) -> Result<Vec<PathBuf>> {
+        self.lease_as(container_id, image, false).await
+    }
+
+    /// As [`Self::lease`] for an image mounted as an image volume: the
+    /// image itself, not only its layers, stays until the lease is
+    /// released ([`Self::remove`] refuses it; prune keeps it). `holder` is
+    /// the lease's key (one per container and volume).
+    pub async fn lease_volume(&self, holder: &str, image: &str) -> Result<Vec<PathBuf>> {
+        self.lease_as(holder, image, true).await
+    }
+
+    async fn lease_as(
+        &self,
+        container_id: &str,
+        image: &str,
+        volume: bool,
+    ) -> Result<Vec<PathBuf>> {
         if container_id.is_empty() {
             return Err(Error::InvalidArgument("container ID is empty".to_string()));
         }
@@ -537,6 +565,7 @@ impl ImageService {
             lease: Lease {
                 image_id: image.id.clone(),
                 chain_ids: image.chain_ids.clone(),
+                volume,
             },
         })?;
         Ok(self.layer_dirs(image))

@@ -98,13 +98,39 @@ pub fn mount_overlay(
     work: &Path,
     target: &Path,
 ) -> Result<(), Error> {
+    overlay(lowers, Some((upper, work)), target)
+}
+
+/// Mounts a read-only overlay of `lowers` (bottom first) at `target`: an
+/// image as an image volume. Overlayfs wants two lower dirs when there is no
+/// upper dir, so a one-layer image gets `empty` (an empty dir) under it.
+pub fn mount_overlay_readonly(
+    lowers: &[std::path::PathBuf],
+    empty: &Path,
+    target: &Path,
+) -> Result<(), Error> {
+    let mut all = lowers.to_vec();
+    if all.len() == 1 {
+        all.insert(0, empty.to_path_buf());
+    }
+    overlay(&all, None, target)
+}
+
+fn overlay(
+    lowers: &[std::path::PathBuf],
+    upper_work: Option<(&Path, &Path)>,
+    target: &Path,
+) -> Result<(), Error> {
+    let (upper, work) = upper_work.unzip();
     if lowers.is_empty() {
         return Err(Error::invalid("overlay lower dirs", "none given"));
     }
     for p in lowers
         .iter()
         .map(|p| p.as_path())
-        .chain([upper, work, target])
+        .chain(upper)
+        .chain(work)
+        .chain([target])
     {
         let s = p.as_os_str().as_encoded_bytes();
         if !p.is_absolute() || s.iter().any(|b| matches!(b, b',' | b':' | b'\0')) {
@@ -132,8 +158,13 @@ pub fn mount_overlay(
             .collect()
     });
     let target = target.to_path_buf();
-    let upper = upper.display().to_string();
-    let work = work.display().to_string();
+    let (flags, rw) = match (upper, work) {
+        (Some(u), Some(w)) => (
+            MsFlags::empty(),
+            format!(",upperdir={},workdir={}", u.display(), w.display()),
+        ),
+        _ => (MsFlags::MS_RDONLY, String::new()),
+    };
     let do_mount = move |lowerdir: String, cwd: Option<std::path::PathBuf>| -> Result<(), Error> {
         if let Some(dir) = &cwd {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).map_err(|e| Error::Io {
@@ -147,7 +178,7 @@ pub fn mount_overlay(
                 source: e.into(),
             })?;
         }
-        let data = format!("lowerdir={lowerdir},upperdir={upper},workdir={work}");
+        let data = format!("lowerdir={lowerdir}{rw}");
         if data.len() >= 4096 {
             return Err(Error::invalid(
                 "overlay lower dirs",
@@ -161,7 +192,7 @@ pub fn mount_overlay(
             Some("overlay"),
             &target,
             Some("overlay"),
-            MsFlags::empty(),
+            flags,
             Some(data.as_str()),
         )
         .map_err(|e| Error::Io {
@@ -280,6 +311,158 @@ pub fn read_file_in_root(root: &Path, rel: &str, max: u64) -> Result<Option<Vec<
     Ok(Some(buf))
 }
 
+/// Resolves `rel` inside `root` as if `root` were `/` (openat2
+/// RESOLVE_IN_ROOT: `..` and absolute symlinks stop at `root`, no magic
+/// links, no crossing into another mount) and returns the host path of
+/// what it names, which therefore lies inside `root`. For an image volume's
+/// `image_sub_path` in the image's read-only mount.
+pub fn resolve_in_root(root: &Path, rel: &str) -> Result<std::path::PathBuf, Error> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+    use nix::sys::stat::Mode;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let err = |op: &'static str, e: Errno| Error::Io {
+        op,
+        path: root.join(rel),
+        source: e.into(),
+    };
+    let dir = open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err("open", e))?;
+    // SAFETY: a fresh fd from open(2), owned by nothing else.
+    let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(
+            ResolveFlag::RESOLVE_IN_ROOT
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_NO_XDEV,
+        );
+    let path = if rel.is_empty() { "." } else { rel };
+    let fd = openat2(std::os::fd::AsRawFd::as_raw_fd(&dir), path, how).map_err(|e| match e {
+        // What the path names is missing or not reachable without leaving
+        // the root's mount: the caller's path is at fault.
+        Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV => {
+            Error::invalid("path in root", format!("{}: {}", quoted(rel), e.desc()))
+        }
+        e => err("resolve in root", e),
+    })?;
+    // SAFETY: a fresh fd from openat2(2), owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let real = std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ))
+    .map_err(Error::io("read the resolved path of", &root.join(rel)))?;
+    let root_real = std::fs::canonicalize(root).map_err(Error::io("resolve", root))?;
+    if !real.starts_with(&root_real) {
+        return Err(Error::invalid(
+            "path in root",
+            format!("{} resolves outside the root", quoted(rel)),
+        ));
+    }
+    Ok(real)
+}
+
+/// Bind-mounts `source` at `target` (an existing dir) id-mapped through the
+/// user namespace at `userns` (open_tree(OPEN_TREE_CLONE) +
+/// mount_setattr(MOUNT_ATTR_IDMAP) + move_mount): a file owned by ID `n`
+/// appears owned by the host ID that the namespace maps `n` to, so an
+/// image's root-owned files belong to the namespace's root and nothing is
+/// chowned. Needs kernel >= 5.12 and a filesystem that
+/// supports id-mapped mounts (ext4, xfs, btrfs, tmpfs >= 6.3, ...).
+pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(), Error> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    /// `struct mount_attr` (MOUNT_ATTR_SIZE_VER0).
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let cstr = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| Error::invalid("mount path", "contains NUL"))
+    };
+    let (src, dst) = (cstr(source)?, cstr(target)?);
+    let ns = std::fs::File::open(userns).map_err(Error::io("open user namespace", userns))?;
+    let io = |op: &'static str, path: &Path| {
+        let source = std::io::Error::last_os_error();
+        Error::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    // SAFETY: a valid C string; the kernel returns a new fd or -1.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            src.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if tree < 0 {
+        return Err(io("open_tree", source));
+    }
+    // SAFETY: a fresh fd owned by nothing else.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: ns.as_raw_fd() as u64,
+    };
+    // SAFETY: valid fd, empty C string, a properly sized mount_attr.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &raw const attr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io("mount_setattr(MOUNT_ATTR_IDMAP)", source));
+    }
+    // SAFETY: valid fds and C strings.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io("move_mount", target));
+    }
+    Ok(())
+}
+
+/// `s` quoted for an error message, at most 256 bytes of it.
+fn quoted(s: &str) -> String {
+    let mut end = s.len().min(256);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let tail = if end < s.len() { "..." } else { "" };
+    format!("{:?}{tail}", &s[..end])
+}
+
 /// Bytes and inodes used under `dir` (not crossing into other
 /// filesystems), for a container's writable layer.
 pub fn disk_usage(dir: &Path) -> (u64, u64) {
@@ -337,4 +520,34 @@ pub fn filesystem_capacity(path: &Path) -> Result<FsCapacity, Error> {
         inodes_total: st.files() as u64,
         inodes_free: st.files_free() as u64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_in_root_stays_inside() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::create_dir_all(t.path().join("outside")).unwrap();
+        std::os::unix::fs::symlink("/a/b", root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../../../outside", root.join("a/up")).unwrap();
+        std::os::unix::fs::symlink("/", root.join("slash")).unwrap();
+        let real = std::fs::canonicalize(&root).unwrap();
+        assert_eq!(resolve_in_root(&root, "a/b").unwrap(), real.join("a/b"));
+        assert_eq!(resolve_in_root(&root, "").unwrap(), real);
+        // An absolute symlink is read relative to the root.
+        assert_eq!(resolve_in_root(&root, "abs").unwrap(), real.join("a/b"));
+        assert_eq!(resolve_in_root(&root, "slash").unwrap(), real);
+        // `..` stops at the root: "outside" is looked up inside it.
+        let e = resolve_in_root(&root, "a/up").unwrap_err();
+        assert!(e.is_invalid_argument(), "{e}");
+        let e = resolve_in_root(&root, "../outside").unwrap_err();
+        assert!(e.is_invalid_argument(), "{e}");
+        assert_eq!(resolve_in_root(&root, "a/../../..").unwrap(), real);
+        let e = resolve_in_root(&root, "missing").unwrap_err();
+        assert!(e.to_string().contains("\"missing\""), "{e}");
+    }
 }

@@ -74,6 +74,122 @@ pub struct PinOptions {
     /// Bring `lo` up in the new network namespace, so a pod has loopback
     /// whatever the CNI config does.
     pub loopback_up: bool,
+    /// Create a user namespace with these mappings too, pinned at
+    /// `dir/user`, and make it the owner of the other new namespaces (a
+    /// pod with `hostUsers: false`).
+    pub userns: Option<UserNsMappings>,
+}
+
+/// One line of a user namespace's uid_map or gid_map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMap {
+    pub container_id: u32,
+    pub host_id: u32,
+    pub length: u32,
+}
+
+/// The uid and gid mappings of a user namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserNsMappings {
+    pub uids: Vec<IdMap>,
+    pub gids: Vec<IdMap>,
+}
+
+/// Where a pod's user namespace is pinned inside its namespace `dir`.
+pub fn user_pin_path(dir: &Path) -> PathBuf {
+    dir.join("user")
+}
+
+fn map_text(maps: &[IdMap]) -> String {
+    maps.iter()
+        .map(|m| format!("{} {} {}\n", m.container_id, m.host_id, m.length))
+        .collect()
+}
+
+/// Creates a user namespace with `maps` owning new namespaces of `flags`,
+/// and bind-mounts each onto its target (`user` first). A user namespace
+/// cannot be entered by a thread of a multi-threaded process, so a child
+/// made with clone(2) holds them while they are mapped and pinned; it does
+/// nothing but wait for a pipe to close (raw syscalls only: it is a copy
+/// of a multi-threaded process) and exits.
+fn pin_with_user_namespace(
+    maps: &UserNsMappings,
+    flags: CloneFlags,
+    user_target: &File,
+    targets: &[(NamespaceKind, PathBuf, File)],
+) -> Result<(), Error> {
+    use std::os::fd::IntoRawFd;
+    let (hold_r, hold_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::sys("pipe2"))?;
+    let (r, w) = (hold_r.into_raw_fd(), hold_w.into_raw_fd());
+    let mut stack = vec![0u8; 64 * 1024];
+    let child = Box::new(move || -> isize {
+        // SAFETY: raw fds this copy of the process owns; read/close are
+        // async-signal-safe.
+        unsafe {
+            libc::close(w);
+            let mut b = 0u8;
+            while libc::read(r, (&raw mut b).cast(), 1) < 0
+                && *libc::__errno_location() == libc::EINTR
+            {}
+        }
+        0
+    });
+    // SAFETY: without CLONE_VM the child runs on a copy of the address
+    // space and `child` only makes raw syscalls before it exits.
+    let pid = unsafe {
+        nix::sched::clone(
+            child,
+            &mut stack,
+            CloneFlags::CLONE_NEWUSER | flags,
+            Some(libc::SIGCHLD),
+        )
+    };
+    // SAFETY: our own pipe fds, closed once.
+    unsafe { libc::close(r) };
+    let pid = match pid {
+        Ok(pid) => pid,
+        Err(e) => {
+            // SAFETY: as above.
+            unsafe { libc::close(w) };
+            return Err(Error::sys("clone(CLONE_NEWUSER)")(e));
+        }
+    };
+    let result = (|| {
+        for (file, maps) in [("uid_map", &maps.uids), ("gid_map", &maps.gids)] {
+            let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+            std::fs::write(&path, map_text(maps)).map_err(Error::io("write", path))?;
+        }
+        let mut mounted: Vec<String> = Vec::new();
+        let all = std::iter::once(("user", user_target))
+            .chain(targets.iter().map(|(k, _, f)| (k.proc_name(), f)));
+        for (name, file) in all {
+            let source = format!("/proc/{pid}/ns/{name}");
+            let target = format!("/proc/self/fd/{}", file.as_raw_fd());
+            if let Err(e) = nix::mount::mount(
+                Some(source.as_str()),
+                target.as_str(),
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            ) {
+                for t in &mounted {
+                    let _ = nix::mount::umount2(t.as_str(), nix::mount::MntFlags::MNT_DETACH);
+                }
+                return Err(Error::Io {
+                    op: "bind-mount namespace to",
+                    path: PathBuf::from(target),
+                    source: e.into(),
+                });
+            }
+            mounted.push(target);
+        }
+        Ok(())
+    })();
+    // SAFETY: our own pipe fd, closed once: the child sees EOF and exits.
+    unsafe { libc::close(w) };
+    let _ = nix::sys::wait::waitpid(pid, None);
+    result
 }
 
 /// Paths of the pinned namespaces; join them by path in OCI specs, pass the
@@ -194,6 +310,9 @@ pub fn pin_namespaces(dir: &Path, opts: &PinOptions) -> Result<PinnedNamespaces,
     let flags = kinds
         .iter()
         .fold(CloneFlags::empty(), |f, k| f | k.clone_flag());
+    if let Some(maps) = &opts.userns {
+        return pin_in_user_namespace(dir, opts, maps, flags, targets);
+    }
     let configured = on_helper_thread(|| {
         nix::sched::unshare(flags).map_err(Error::sys("unshare"))?;
         if opts.net && opts.loopback_up {
@@ -243,6 +362,69 @@ pub fn pin_namespaces(dir: &Path, opts: &PinOptions) -> Result<PinnedNamespaces,
     Ok(pinned)
 }
 
+/// [`pin_namespaces`] for a pod with its own user namespace: the namespaces
+/// are made by a child (see [`pin_with_user_namespace`]), then configured
+/// from a thread that joins them (the daemon, root of the node, may enter
+/// and configure namespaces a child user namespace owns).
+fn pin_in_user_namespace(
+    dir: &Path,
+    opts: &PinOptions,
+    maps: &UserNsMappings,
+    flags: CloneFlags,
+    targets: Vec<(NamespaceKind, PathBuf, File)>,
+) -> Result<PinnedNamespaces, Error> {
+    let user_path = user_pin_path(dir);
+    let user_file = match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&user_path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            remove_files(&targets);
+            return Err(Error::io("create namespace pin", user_path)(e));
+        }
+    };
+    let undo = |targets: &[(NamespaceKind, PathBuf, File)]| {
+        for (_, path, _) in targets {
+            let _ = unpin(path);
+        }
+        let _ = unpin(&user_path);
+    };
+    if let Err(e) = pin_with_user_namespace(maps, flags, &user_file, &targets) {
+        undo(&targets);
+        return Err(e);
+    }
+    let mut pinned = PinnedNamespaces::default();
+    for (kind, path, _) in &targets {
+        *pinned.slot(*kind) = Some(path.clone());
+    }
+    let joins: Vec<(NamespaceKind, &Path)> = NamespaceKind::ALL
+        .into_iter()
+        .filter_map(|k| pinned.get(k).map(|p| (k, p)))
+        .collect();
+    let configured = run_in_namespaces(&joins, || -> Result<(), Error> {
+        if opts.net && opts.loopback_up {
+            set_loopback_up()?;
+        }
+        if let Some(hostname) = &opts.hostname {
+            nix::unistd::sethostname(hostname).map_err(Error::sys("sethostname"))?;
+        }
+        for (name, value) in &opts.sysctls {
+            sysctl::write(name, value)?;
+        }
+        Ok(())
+    })
+    .and_then(|r| r);
+    if let Err(e) = configured {
+        undo(&targets);
+        return Err(e);
+    }
+    Ok(pinned)
+}
+
 /// Writes `sysctls` inside already pinned namespaces, after validating them
 /// against what `pinned` holds. For sysctls that need something CNI creates
 /// later (`net.ipv4.conf.eth0.*`): run it after ADD.
@@ -285,6 +467,9 @@ pub fn unpin_namespaces(dir: &Path) -> Result<(), Error> {
         if let Err(e) = unpin(&pin_path(dir, kind)) {
             first_error.get_or_insert(e);
         }
+    }
+    if let Err(e) = unpin(&user_pin_path(dir)) {
+        first_error.get_or_insert(e);
     }
     if let Some(e) = first_error {
         return Err(e);

@@ -52,6 +52,7 @@ fn pinned_namespaces_carry_hostname_sysctls_and_loopback() {
             ("kernel.msgmax".into(), "12345".into()),
         ],
         loopback_up: true,
+        ..Default::default()
     };
     let pinned = ns::pin_namespaces(&dir, &opts).unwrap();
 

@@ -165,6 +165,9 @@ pub struct PodFacts {
     /// (the daemon looks it up and checks it is in the same pod). Required
     /// for pid mode TARGET.
     pub target_pid_ns: Option<PathBuf>,
+    /// The pod's user namespace (userns_options mode POD), which owns its
+    /// other namespaces; containers join it.
+    pub user_ns: Option<UserNs>,
     /// The pod's cgroup parent as the daemon uses it (normally the sandbox
     /// config's `linux.cgroup_parent`, see [`crate::pod_cgroup_parent`]).
     pub cgroup_parent: String,
@@ -178,6 +181,22 @@ pub struct PodFacts {
     /// /dev/shm. `None` gives each container a private 64 MiB tmpfs. Ignored
     /// for host-IPC pods, which get the host's /dev/shm.
     pub shm: Option<PathBuf>,
+}
+
+/// A pinned user namespace and its (single) uid and gid mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserNs {
+    pub path: PathBuf,
+    pub uid: IdMapping,
+    pub gid: IdMapping,
+}
+
+/// One uid_map / gid_map range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdMapping {
+    pub container_id: u32,
+    pub host_id: u32,
+    pub size: u32,
 }
 
 /// Mount propagation of the host mount that holds a path.

@@ -26,13 +26,18 @@
 //! - A missing host path of a mount is an error (containerd creates it).
 //! - Masked/read-only paths: the request's lists replace the defaults when
 //!   non-empty; empty lists (proto3 cannot tell "unset" from "empty") mean
-//!   the defaults, never "unmasked" (that needs user namespaces, which crust
-//!   does not support).
+//!   the defaults, never "unmasked".
 //! - The default seccomp profile is stricter than moby's (see [`seccomp`]).
 //! - Ambient capabilities are also added to the other four sets.
-//! - Not implemented, rejected with a clear error: user namespaces, id-mapped
-//!   mounts, image volume mounts, CDI devices, AppArmor Localhost profiles
-//!   on a node without AppArmor.
+//! - Image volume mounts are the caller's to resolve: the daemon mounts the
+//!   image read-only and passes a read-only bind mount of it; an unresolved
+//!   `mounts[].image` is refused. Likewise id-mapped mounts
+//!   (`mounts[].uidMappings`): the daemon id-maps the source through the
+//!   pod's user namespace and passes a plain bind of that.
+//! - CDI devices are the caller's to resolve (it reads the spec files):
+//!   [`cdi`] parses them and applies a device's edits to the spec.
+//! - Not implemented, rejected with a clear error: AppArmor Localhost
+//!   profiles on a node without AppArmor.
 //!   Ignored: SELinux options and relabelling (no SELinux on crust hosts),
 //!   AppArmor RuntimeDefault on a node without AppArmor (see [`apparmor`]
 //!   for the node with it), image `Volumes` (no anonymous
@@ -41,6 +46,7 @@
 
 mod apparmor;
 mod caps;
+pub mod cdi;
 mod cgroup;
 mod compat;
 mod devices;
@@ -67,8 +73,8 @@ pub use cgroup::{
 pub use compat::{emulate_cgroup_v1_mount, libcontainer_compat, swap_masked_eq};
 pub use error::{ErrorClass, SpecError};
 pub use input::{
-    CgroupDriver, Host, HostDevice, HostPropagation, ImageConfig, PauseInput, PodFacts,
-    RuntimeFacts, SeccompArch, SpecInput, UnsetSeccomp,
+    CgroupDriver, Host, HostDevice, HostPropagation, IdMapping, ImageConfig, PauseInput, PodFacts,
+    RuntimeFacts, SeccompArch, SpecInput, UnsetSeccomp, UserNs,
 };
 pub use mounts::default_mounts;
 pub use process::{DEFAULT_PATH_ENV, process_args, process_cwd, process_env};

@@ -96,12 +96,16 @@ pub(crate) fn container_mounts(
     for (i, m) in config.mounts.iter().enumerate() {
         let f = |name: &str| format!("config.mounts[{i}].{name}");
         if m.image.as_ref().is_some_and(|img| !img.image.is_empty()) {
-            return Err(SpecError::unsupported(f("image"), "image volume mounts"));
+            // The daemon mounts the image and passes a read-only bind of it.
+            return Err(SpecError::unsupported(
+                f("image"),
+                "an unresolved image volume (the daemon mounts it first)",
+            ));
         }
         if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
             return Err(SpecError::unsupported(
                 f("uidMappings"),
-                "id-mapped mounts (user namespaces)",
+                "an unresolved id-mapped mount (the daemon id-maps it through the pod's user namespace first)",
             ));
         }
         let dest = abs_path(&f("container_path"), &m.container_path)?;

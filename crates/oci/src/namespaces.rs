@@ -1,7 +1,8 @@
 //! Namespaces: the pod's pinned network/IPC/UTS namespaces joined by path
 //! (or the host's for NODE pods), the PID namespace as the container asks
 //! (POD, CONTAINER, NODE, TARGET), a new mount namespace, a new cgroup
-//! namespace on cgroup v2. User namespaces are not supported.
+//! namespace on cgroup v2. A pod with userns_options mode POD has a pinned
+//! user namespace that owns the others; its containers join it by path.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,8 @@ pub(crate) struct PodModes {
     pub network: NamespaceMode,
     pub ipc: NamespaceMode,
     pub pid: NamespaceMode,
+    /// userns_options mode POD: the pod has its own user namespace.
+    pub user_pod: bool,
 }
 
 impl PodModes {
@@ -44,8 +47,9 @@ fn check_userns(prefix: &str, opts: Option<&NamespaceOption>) -> Result<(), Spec
     };
     let field = format!("{prefix}.userns_options.mode");
     match mode(field.clone(), u.mode)? {
-        NamespaceMode::Node => Ok(()),
-        NamespaceMode::Pod => Err(SpecError::unsupported(field, "user namespaces")),
+        // POD: the daemon made (and pinned) the pod's user namespace;
+        // pod_shared_namespaces joins it, or fails if there is none.
+        NamespaceMode::Node | NamespaceMode::Pod => Ok(()),
         m => Err(SpecError::invalid(
             field,
             format!("{} is not a valid user namespace mode", m.as_str_name()),
@@ -82,7 +86,16 @@ pub(crate) fn pod_modes(sandbox: &PodSandboxConfig) -> Result<PodModes, SpecErro
         ));
     }
     check_userns(SANDBOX_NS, opts)?;
-    Ok(PodModes { network, ipc, pid })
+    let user_pod = o
+        .userns_options
+        .as_ref()
+        .is_some_and(|u| u.mode == NamespaceMode::Pod as i32);
+    Ok(PodModes {
+        network,
+        ipc,
+        pid,
+        user_pod,
+    })
 }
 
 fn ns(typ: LinuxNamespaceType, path: Option<PathBuf>) -> LinuxNamespace {
@@ -125,6 +138,22 @@ pub(crate) fn container_namespaces(
     let c_ipc = mode(format!("{CONTAINER_NS}.ipc"), o.ipc)?;
     let c_pid = mode(format!("{CONTAINER_NS}.pid"), o.pid)?;
     check_userns(CONTAINER_NS, opts)?;
+    if let Some(u) = o.userns_options.as_ref() {
+        let pod_mode = if pod.user_ns.is_some() {
+            NamespaceMode::Pod
+        } else {
+            NamespaceMode::Node
+        };
+        if u.mode != pod_mode as i32 {
+            return Err(SpecError::invalid(
+                format!("{CONTAINER_NS}.userns_options.mode"),
+                format!(
+                    "must be the pod's user namespace mode ({})",
+                    pod_mode.as_str_name()
+                ),
+            ));
+        }
+    }
 
     // Network and IPC follow the pod. A container may not ask for the host's
     // when its pod does not have them; POD/CONTAINER are read as "the pod's",
@@ -228,6 +257,14 @@ fn pod_shared_namespaces(
     pod: &PodFacts,
     cgroup_v2: bool,
 ) -> Result<NamespacePlan, SpecError> {
+    if modes.user_pod || pod.user_ns.is_some() {
+        let path = pod.user_ns.as_ref().map(|u| u.path.as_path());
+        // First: the runtime joins it before the namespaces it owns.
+        out.insert(
+            0,
+            ns(LinuxNamespaceType::User, Some(pinned("pod.user_ns", path)?)),
+        );
+    }
     if !modes.ipc_host() {
         out.push(ns(
             LinuxNamespaceType::Ipc,

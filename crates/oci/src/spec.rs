@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crust_api::v1::{ContainerConfig, PodSandboxConfig};
+use crust_api::v1::PodSandboxConfig;
 use oci_spec::runtime::{Linux, LinuxResources, Mount, Process, Root, Spec, User};
 use serde::de::DeserializeOwned;
 
@@ -98,12 +98,20 @@ fn path_list(field: &str, given: &[String], default: &[&str]) -> Result<Vec<Stri
         .collect()
 }
 
-/// Requests crust cannot honour, rejected up front.
-fn reject_unsupported(config: &ContainerConfig) -> Result<(), SpecError> {
-    if !config.cdi_devices.is_empty() {
-        return Err(SpecError::unsupported("config.CDI_devices", "CDI devices"));
-    }
-    Ok(())
+/// The pod's user namespace mappings, which the runtime needs besides the
+/// namespace's path (to own the container's /dev, for id-mapped mounts).
+fn set_user_mappings(linux: &mut Linux, pod: &crate::PodFacts) {
+    let Some(user) = &pod.user_ns else {
+        return;
+    };
+    let map = |m: &crate::IdMapping| -> oci_spec::runtime::LinuxIdMapping {
+        blank(&format!(
+            r#"{{"containerID":{},"hostID":{},"size":{}}}"#,
+            m.container_id, m.host_id, m.size
+        ))
+    };
+    linux.set_uid_mappings(Some(vec![map(&user.uid)]));
+    linux.set_gid_mappings(Some(vec![map(&user.gid)]));
 }
 
 /// The OCI runtime spec of a container.
@@ -116,7 +124,6 @@ pub fn container_spec(input: &SpecInput<'_>) -> Result<Spec, SpecError> {
     let runtime = input.runtime;
     id("container_id", input.container_id)?;
     let rootfs = abs_path("rootfs", &input.rootfs.to_string_lossy())?;
-    reject_unsupported(config)?;
 
     let sc = config
         .linux
@@ -229,6 +236,7 @@ pub fn container_spec(input: &SpecInput<'_>) -> Result<Spec, SpecError> {
 
     let mut linux: Linux = blank("{}");
     linux.set_namespaces(Some(ns.namespaces));
+    set_user_mappings(&mut linux, input.pod);
     linux.set_resources(Some(resources));
     linux.set_cgroups_path(Some(PathBuf::from(cgroups)));
     linux.set_devices(Some(devices));
@@ -317,6 +325,7 @@ pub fn pause_spec(input: &PauseInput<'_>) -> Result<Spec, SpecError> {
 
     let mut linux: Linux = blank("{}");
     linux.set_namespaces(Some(ns.namespaces));
+    set_user_mappings(&mut linux, input.pod);
     linux.set_resources(Some(resources));
     linux.set_cgroups_path(Some(PathBuf::from(cgroups_path(
         runtime.cgroup_driver,

@@ -186,6 +186,7 @@ impl Fx {
             hosts: Some("/run/crust/pods/sb1/hosts".into()),
             hostname_file: Some("/run/crust/pods/sb1/hostname".into()),
             shm: Some("/run/crust/pods/sb1/shm".into()),
+            user_ns: None,
         };
         let runtime = RuntimeFacts {
             node_hostname: "node1".into(),
@@ -806,28 +807,64 @@ fn missing_pinned_namespace_is_precondition() {
 }
 
 #[test]
-fn user_namespaces_unsupported() {
+fn user_namespaces_join_the_pods() {
+    use crate::{IdMapping, UserNs};
+    // The pod's userns POD without a pinned namespace: the daemon's state
+    // is missing it.
     let mut fx = Fx::new();
-    fx.ctr_ns().userns_options = Some(UserNamespace {
+    fx.pod_ns().userns_options = Some(UserNamespace {
         mode: NamespaceMode::Pod as i32,
         ..Default::default()
     });
     let e = fx.err();
-    assert!(matches!(e, SpecError::Unsupported { .. }));
-    assert_eq!(
-        e.field(),
-        "config.linux.security_context.namespace_options.userns_options.mode"
-    );
+    assert_eq!(e.field(), "pod.user_ns");
+    assert_eq!(e.class(), ErrorClass::FailedPrecondition);
+    // A container asking for POD in a pod without one.
     let mut fx = Fx::new();
-    fx.pod_ns().userns_options = Some(UserNamespace {
+    fx.ctr_ns().userns_options = Some(UserNamespace {
         mode: NamespaceMode::Pod as i32,
         ..Default::default()
     });
     assert_eq!(
         fx.err().field(),
-        "sandbox_config.linux.security_context.namespace_options.userns_options.mode"
+        "config.linux.security_context.namespace_options.userns_options.mode"
     );
-    // NODE (kubelet's hostUsers: true) is fine.
+    // With the pod's namespace: joined first, with its mappings.
+    let mut fx = Fx::new();
+    let map = |host_id| IdMapping {
+        container_id: 0,
+        host_id,
+        size: 65536,
+    };
+    fx.pod.user_ns = Some(UserNs {
+        path: "/run/crust/pods/sb1/ns/user".into(),
+        uid: map(100000),
+        gid: map(200000),
+    });
+    let pod_mode = || {
+        Some(UserNamespace {
+            mode: NamespaceMode::Pod as i32,
+            ..Default::default()
+        })
+    };
+    fx.pod_ns().userns_options = pod_mode();
+    fx.ctr_ns().userns_options = pod_mode();
+    let spec = fx.spec().unwrap();
+    let linux = spec.linux().as_ref().unwrap();
+    let first = &linux.namespaces().as_ref().unwrap()[0];
+    assert_eq!(first.typ(), oci_spec::runtime::LinuxNamespaceType::User);
+    assert_eq!(
+        first.path().as_deref(),
+        Some(std::path::Path::new("/run/crust/pods/sb1/ns/user"))
+    );
+    let uid = &linux.uid_mappings().as_ref().unwrap()[0];
+    let gid = &linux.gid_mappings().as_ref().unwrap()[0];
+    assert_eq!(
+        (uid.container_id(), uid.host_id(), uid.size()),
+        (0, 100000, 65536)
+    );
+    assert_eq!(gid.host_id(), 200000);
+    // NODE (kubelet's hostUsers: true) is fine, and no user namespace.
     let mut fx = Fx::new();
     fx.ctr_ns().userns_options = Some(UserNamespace {
         mode: NamespaceMode::Node as i32,
@@ -837,7 +874,8 @@ fn user_namespaces_unsupported() {
         mode: NamespaceMode::Node as i32,
         ..Default::default()
     });
-    assert!(fx.spec().is_ok());
+    let spec = fx.spec().unwrap();
+    assert!(spec.linux().as_ref().unwrap().uid_mappings().is_none());
 }
 
 #[test]
@@ -1348,15 +1386,164 @@ fn privileged_gets_all_host_devices() {
     assert_eq!(device_rules(&spec), vec!["allow a *:* rwm"]);
 }
 
+const CDI_JSON: &str = r#"{
+  "cdiVersion": "0.6.0",
+  "kind": "example.com/dev",
+  "containerEdits": {"env": ["SPEC_WIDE=1"]},
+  "devices": [
+    {"name": "a", "containerEdits": {
+      "env": ["DEV=a", "PATH=/cdi"],
+      "deviceNodes": [{"path": "/dev/cdi-null", "hostPath": "/dev/null", "permissions": "rw"}],
+      "mounts": [{"hostPath": "/opt/lib", "containerPath": "/usr/lib/vendor", "options": ["ro", "bind"]}],
+      "hooks": [{"hookName": "createContainer", "path": "/usr/bin/hook", "args": ["hook", "x"]}],
+      "additionalGIDs": [44]
+    }},
+    {"name": "b", "containerEdits": {"deviceNodes": [{"path": "/dev/b", "type": "b", "major": 8, "minor": 1}]}}
+  ]
+}"#;
+
+const CDI_YAML: &str = "cdiVersion: 0.6.0\nkind: example.com/dev\ndevices:\n- name: a\n  containerEdits:\n    env: [DEV=override]\n- name: y\n  containerEdits:\n    env: [Y=1]\n";
+
+fn cdi_registry() -> crate::cdi::CdiRegistry {
+    crate::cdi::CdiRegistry::from_files(vec![
+        ("/etc/cdi/a.json".into(), CDI_JSON.into()),
+        ("/etc/cdi/broken.yaml".into(), "kind: [".into()),
+    ])
+}
+
 #[test]
-fn cdi_devices_unsupported() {
+fn cdi_edits_apply_to_the_spec() {
     let mut fx = Fx::new();
+    fx.host.devices.insert(
+        PathBuf::from("/dev/null"),
+        vec![dev("", LinuxDeviceType::C, 1, 3)],
+    );
     fx.config.cdi_devices = vec![CdiDevice {
-        name: "vendor.com/gpu=0".into(),
+        name: "example.com/dev=a".into(),
     }];
-    let e = fx.err();
-    assert!(matches!(e, SpecError::Unsupported { .. }));
-    assert_eq!(e.field(), "config.CDI_devices");
+    fx.config.annotations.insert(
+        "cdi.k8s.io/plugin".into(),
+        "example.com/dev=b, example.com/dev=a".into(),
+    );
+    let names = crate::cdi::requested_devices(&fx.config);
+    assert_eq!(
+        names,
+        vec![
+            (
+                "config.CDI_devices[0].name".to_string(),
+                "example.com/dev=a".to_string()
+            ),
+            (
+                "config.annotations[\"cdi.k8s.io/plugin\"]".to_string(),
+                "example.com/dev=b".to_string()
+            ),
+        ]
+    );
+    let reg = cdi_registry();
+    assert_eq!(reg.errors.len(), 1, "{:?}", reg.errors);
+    let edits = reg.resolve(&names).unwrap();
+    // The spec-wide edits once, then each device's.
+    assert_eq!(edits.len(), 3);
+    let mut spec = fx.spec().unwrap();
+    crate::cdi::apply(&mut spec, &edits, "config.CDI_devices", &fx.host).unwrap();
+    let env = spec.process().as_ref().unwrap().env().clone().unwrap();
+    assert!(env.contains(&"SPEC_WIDE=1".to_string()), "{env:?}");
+    assert!(env.contains(&"DEV=a".to_string()), "{env:?}");
+    assert_eq!(env.iter().filter(|e| e.starts_with("PATH=")).count(), 1);
+    assert!(env.contains(&"PATH=/cdi".to_string()));
+    let devs = devices(&spec);
+    assert!(
+        devs.contains(&("/dev/cdi-null".into(), LinuxDeviceType::C, 1, 3)),
+        "{devs:?}"
+    );
+    assert!(
+        devs.contains(&("/dev/b".into(), LinuxDeviceType::B, 8, 1)),
+        "{devs:?}"
+    );
+    let rules = device_rules(&spec);
+    assert!(rules.contains(&"allow c 1:3 rw".to_string()), "{rules:?}");
+    assert!(rules.contains(&"allow b 8:1 rwm".to_string()), "{rules:?}");
+    let m = mount_at(&spec, "/usr/lib/vendor").unwrap();
+    assert_eq!((m.1.as_str(), m.2.as_str()), ("bind", "/opt/lib"));
+    let hooks = spec
+        .hooks()
+        .as_ref()
+        .unwrap()
+        .create_container()
+        .clone()
+        .unwrap();
+    assert_eq!(hooks[0].path(), Path::new("/usr/bin/hook"));
+    let gids = spec
+        .process()
+        .as_ref()
+        .unwrap()
+        .user()
+        .additional_gids()
+        .clone()
+        .unwrap();
+    assert!(gids.contains(&44));
+}
+
+#[test]
+fn cdi_later_files_win_and_unknown_devices_are_named() {
+    let reg = crate::cdi::CdiRegistry::from_files(vec![
+        ("/etc/cdi/a.json".into(), CDI_JSON.into()),
+        ("/var/run/cdi/a.yaml".into(), CDI_YAML.into()),
+    ]);
+    assert!(reg.errors.is_empty(), "{:?}", reg.errors);
+    let e = reg
+        .resolve(&[("f".into(), "example.com/dev=a".into())])
+        .unwrap();
+    assert_eq!(e.last().unwrap().env, vec!["DEV=override".to_string()]);
+    let err = cdi_registry()
+        .resolve(&[(
+            "config.CDI_devices[3].name".into(),
+            "example.com/dev=zz".into(),
+        )])
+        .unwrap_err();
+    assert_eq!(err.field(), "config.CDI_devices[3].name");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("example.com/dev=zz") && msg.contains("broken.yaml"),
+        "{msg}"
+    );
+    assert_eq!(err.class(), crate::ErrorClass::InvalidArgument);
+}
+
+#[test]
+fn cdi_bad_edits_are_refused() {
+    let fx = Fx::new();
+    let mut spec = fx.spec().unwrap();
+    for edits in [
+        crate::cdi::ContainerEdits {
+            env: vec!["NOEQUALS".into()],
+            ..Default::default()
+        },
+        crate::cdi::ContainerEdits {
+            device_nodes: vec![crate::cdi::DeviceNode {
+                path: "relative".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+        crate::cdi::ContainerEdits {
+            hooks: vec![crate::cdi::CdiHook {
+                hook_name: "sometime".into(),
+                path: "/bin/true".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+        crate::cdi::ContainerEdits {
+            net_devices: vec![serde_json::json!({})],
+            ..Default::default()
+        },
+    ] {
+        let e = crate::cdi::apply(&mut spec, &[edits], "config.CDI_devices[0].name", &fx.host)
+            .unwrap_err();
+        assert_eq!(e.field(), "config.CDI_devices[0].name");
+        assert_eq!(e.class(), crate::ErrorClass::InvalidArgument, "{e}");
+    }
 }
 
 // ---------------------------------------------------------------- resources

@@ -657,6 +657,7 @@ fn pod_facts(case: &Case) -> PodFacts {
         hosts: Some("/run/crust/pods/sb1/hosts".into()),
         hostname_file: Some("/run/crust/pods/sb1/hostname".into()),
         shm: Some("/run/crust/pods/sb1/shm".into()),
+        user_ns: None,
     }
 }
 

@@ -25,6 +25,12 @@ use crate::launch::{Launch, LaunchError, Launcher};
 use crate::monitor::{self, Monitor};
 use crate::node::NodeHost;
 
+/// Where a container's image volumes are mounted, in its state dir.
+const IMAGE_VOLUMES: &str = "image-volumes";
+/// Where the id-mapped views of its image layers are (user namespace pods).
+const IDMAPPED_LAYERS: &str = "idmapped-layers";
+/// Where the id-mapped views of its volume mounts are (user namespace pods).
+const IDMAPPED_MOUNTS: &str = "idmapped-mounts";
 /// Largest /etc/passwd or /etc/group read from an image.
 const MAX_ETC_FILE: u64 = 4 << 20;
 /// How long a SIGKILLed container may take to be reaped.
@@ -104,6 +110,44 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// ignored: usually there is nothing.
     fn delete_runtime_state(&self, rec: &ContainerRecord);
     fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError>;
+    /// Mounts image volume `config.mounts[index]`: the read-only overlay of
+    /// `lowers` (bottom first) under the container's state dir; returns the
+    /// host path of `sub_path` resolved inside it (never outside: `..` and
+    /// symlinks stop at the image's root). A sub path that is not in the
+    /// image is InvalidArgument naming `image_sub_path`. Blocking.
+    fn mount_image_volume(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        lowers: &[PathBuf],
+        sub_path: &str,
+    ) -> Result<PathBuf, ContainerError>;
+    /// For a container in the pod's user namespace: bind-mounts each of
+    /// `lowers` id-mapped through it (under the state dir) and gives the
+    /// writable layer to the namespace's root, so the container's root owns
+    /// its rootfs without a chown of the image. Returns the mapped lowers.
+    /// Blocking.
+    fn idmap_layers(
+        &self,
+        rec: &ContainerRecord,
+        lowers: &[PathBuf],
+        userns: &crust_oci::UserNs,
+    ) -> Result<Vec<PathBuf>, ContainerError>;
+    /// For a volume of a container in the pod's user namespace
+    /// (`config.mounts[index]` with the pod's mappings): bind-mounts
+    /// `source` (a dir or a file) id-mapped through the namespace under the
+    /// state dir and returns that path, the mount's new source. A missing
+    /// source is InvalidArgument naming `host_path`. Blocking.
+    fn idmap_mount(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        source: &Path,
+        userns: &crust_oci::UserNs,
+    ) -> Result<PathBuf, ContainerError>;
+    /// Unmounts the container's image volumes, id-mapped layers and
+    /// id-mapped mounts (none is no error); after the rootfs. Blocking.
+    fn unmount_private_mounts(&self, rec: &ContainerRecord) -> Result<(), ContainerError>;
     /// Removes a dir and everything in it (never through a mount: the
     /// rootfs is unmounted first); a missing one is no error.
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError>;
@@ -153,8 +197,10 @@ impl ContainerHost for RealContainerHost {
         mkdir(&rec.layer_dir, 0o700)?;
         mkdir(&rec.layer_dir.join("upper"), 0o755)?;
         mkdir(&rec.layer_dir.join("work"), 0o700)?;
-        mkdir(&rec.state_dir, 0o700)?;
-        mkdir(&rec.bundle, 0o700)?;
+        // 0711: a container in a user namespace (its root is an unprivileged
+        // host uid) must reach its rootfs; nothing in them can be listed.
+        mkdir(&rec.state_dir, 0o711)?;
+        mkdir(&rec.bundle, 0o711)?;
         mkdir(&rec.rootfs, 0o755)?;
         crust_linux::mounts::mount_overlay(
             lowers,
@@ -376,6 +422,120 @@ impl ContainerHost for RealContainerHost {
 
     fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError> {
         crust_linux::mounts::unmount(rootfs).map_err(ContainerError::internal)
+    }
+
+    fn mount_image_volume(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        lowers: &[PathBuf],
+        sub_path: &str,
+    ) -> Result<PathBuf, ContainerError> {
+        let dir = rec.state_dir.join(IMAGE_VOLUMES);
+        let empty = dir.join("empty");
+        let target = dir.join(index.to_string());
+        mkdir(&empty, 0o755)?;
+        mkdir(&target, 0o755)?;
+        crust_linux::mounts::mount_overlay_readonly(lowers, &empty, &target)
+            .map_err(ContainerError::internal)?;
+        crust_linux::mounts::resolve_in_root(&target, sub_path).map_err(|e| {
+            if e.is_invalid_argument() {
+                ContainerError::InvalidArgument(format!(
+                    "config.mounts[{index}].image_sub_path: {e}"
+                ))
+            } else {
+                ContainerError::internal(e)
+            }
+        })
+    }
+
+    fn idmap_layers(
+        &self,
+        rec: &ContainerRecord,
+        lowers: &[PathBuf],
+        userns: &crust_oci::UserNs,
+    ) -> Result<Vec<PathBuf>, ContainerError> {
+        let dir = rec.state_dir.join(IDMAPPED_LAYERS);
+        let mut out = Vec::with_capacity(lowers.len());
+        for (i, lower) in lowers.iter().enumerate() {
+            let target = dir.join(i.to_string());
+            mkdir(&target, 0o755)?;
+            crust_linux::mounts::mount_idmapped(lower, &target, &userns.path)
+                .map_err(ContainerError::internal)?;
+            out.push(target);
+        }
+        let (uid, gid) = (userns.uid.host_id, userns.gid.host_id);
+        for d in [rec.layer_dir.join("upper"), rec.layer_dir.join("work")] {
+            mkdir(&d, 0o755)?;
+            std::os::unix::fs::chown(&d, Some(uid), Some(gid))
+                .map_err(|e| ContainerError::Internal(format!("chown {}: {e}", d.display())))?;
+        }
+        Ok(out)
+    }
+
+    fn idmap_mount(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        source: &Path,
+        userns: &crust_oci::UserNs,
+    ) -> Result<PathBuf, ContainerError> {
+        if !source.is_absolute() {
+            return Err(ContainerError::InvalidArgument(format!(
+                "config.mounts[{index}].host_path: {} is not an absolute path",
+                crust_quote::quote(&source.to_string_lossy())
+            )));
+        }
+        let meta = std::fs::metadata(source).map_err(|e| {
+            ContainerError::InvalidArgument(format!(
+                "config.mounts[{index}].host_path: {}: {e}",
+                crust_quote::quote(&source.to_string_lossy())
+            ))
+        })?;
+        let dir = rec.state_dir.join(IDMAPPED_MOUNTS);
+        mkdir(&dir, 0o711)?;
+        let target = dir.join(index.to_string());
+        if meta.is_dir() {
+            mkdir(&target, 0o755)?;
+        } else {
+            // A file (or device) is bind-mounted onto a file.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&target)
+                .map_err(|e| {
+                    ContainerError::Internal(format!("creating {}: {e}", target.display()))
+                })?;
+        }
+        crust_linux::mounts::mount_idmapped(source, &target, &userns.path).map_err(|e| {
+            ContainerError::InvalidArgument(format!(
+                "config.mounts[{index}].uidMappings: cannot id-map {} (does its filesystem \
+                 support id-mapped mounts?): {e}",
+                crust_quote::quote(&source.to_string_lossy())
+            ))
+        })?;
+        Ok(target)
+    }
+
+    fn unmount_private_mounts(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        for sub in [IMAGE_VOLUMES, IDMAPPED_LAYERS, IDMAPPED_MOUNTS] {
+            let dir = rec.state_dir.join(sub);
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(ContainerError::Internal(format!(
+                        "reading {}: {e}",
+                        dir.display()
+                    )));
+                }
+            };
+            for entry in entries.flatten() {
+                crust_linux::mounts::unmount(&entry.path()).map_err(ContainerError::internal)?;
+            }
+        }
+        Ok(())
     }
 
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError> {

@@ -33,6 +33,14 @@ use crate::launch::Launch;
 use crate::tasks::blocking;
 use crust_quote::quote;
 
+/// An image volume of a new container: its mount's index, the image and
+/// the leased layers (bottom first).
+struct ImageVolume {
+    index: usize,
+    image_id: String,
+    lowers: Vec<PathBuf>,
+}
+
 /// How long the monitor may take to create a container.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -124,6 +132,7 @@ impl Containers {
                 .map(|r| hex::encode(r.encode_to_vec())),
             stop_signal: libc::SIGTERM,
             pid: 0,
+            image_volumes: Default::default(),
             start_requested_at: 0,
             cgroups_path: None,
         };
@@ -162,11 +171,17 @@ impl Containers {
         image: &ImageFacts,
         hook: &dyn SpecHook,
     ) -> Result<(), ContainerError> {
+        let idmapped = super::validate::idmapped_mounts(config, pod.facts.user_ns.as_ref())?;
         let lowers =
             self.images.lease(&rec.id, &image.id).await.map_err(|e| {
                 ContainerError::NotFound(format!("image {}: {e}", quote(&rec.image)))
             })?;
         crash::point("container.create.leased");
+        let volumes = self.lease_image_volumes(rec, config).await?;
+        let volume_ids = volumes
+            .iter()
+            .map(|v| (v.index, v.image_id.clone()))
+            .collect();
         let target_pid_ns = self.target_pid_ns(config, &pod.id)?;
         let runtime_facts = crust_oci::RuntimeFacts {
             rro_supported: self
@@ -178,9 +193,45 @@ impl Containers {
         let mut built = {
             let host = self.host.clone();
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
+            let cdi_dirs = self.dirs.cdi_spec_dirs.clone();
             blocking(move || -> Result<Built, ContainerError> {
+                let lowers = match &pod.facts.user_ns {
+                    Some(userns) => host.idmap_layers(&r, &lowers, userns)?,
+                    None => lowers,
+                };
                 host.prepare_rootfs(&r, &lowers)?;
                 crash::point("container.create.rootfs");
+                // Image volumes become read-only bind mounts of the image's
+                // own read-only mount (at the sub path resolved inside it).
+                let mut config = config;
+                for v in &volumes {
+                    let m = &mut config.mounts[v.index];
+                    let source =
+                        host.mount_image_volume(&r, v.index, &v.lowers, &m.image_sub_path)?;
+                    m.host_path = source.display().to_string();
+                    m.readonly = true;
+                    m.image = None;
+                    m.image_sub_path.clear();
+                }
+                // Volumes of a user namespace pod: id-mapped through it, so
+                // the container's root owns what the host's root owns.
+                if let Some(userns) = &pod.facts.user_ns {
+                    for &i in &idmapped {
+                        let m = &mut config.mounts[i];
+                        let source = host.idmap_mount(&r, i, Path::new(&m.host_path), userns)?;
+                        m.host_path = source.display().to_string();
+                        m.uid_mappings.clear();
+                        m.gid_mappings.clear();
+                    }
+                }
+                let cdi_names = crust_oci::cdi::requested_devices(&config);
+                let cdi = if cdi_names.is_empty() {
+                    Vec::new()
+                } else {
+                    super::cdi::load(&cdi_dirs)
+                        .resolve(&cdi_names)
+                        .map_err(ContainerError::from_spec)?
+                };
                 let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
                 let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;
                 let parts = Parts {
@@ -194,6 +245,7 @@ impl Containers {
                     etc_group: group.as_deref(),
                     target_pid_ns,
                     runtime: &runtime_facts,
+                    cdi: &cdi,
                 };
                 spec::build(&parts, host.spec_host())
             })
@@ -256,6 +308,7 @@ impl Containers {
         crash::point("container.create.launched");
         rec.user = Some(built.user);
         rec.stop_signal = built.stop_signal;
+        rec.image_volumes = volume_ids;
         rec.pid = pid;
         // The cgroup (scope) exists now; its process has not started yet.
         self.write_unified(rec, unified).await
@@ -273,6 +326,48 @@ impl Containers {
         }
         let (host, rec) = (self.host.clone(), rec.clone());
         blocking(move || host.write_unified(&rec, &unified)).await
+    }
+
+    /// Leases the image of every image volume (`config.mounts[i].image`)
+    /// for the container, so it is neither removed nor collected while the
+    /// container exists; returns their layers. An image that is not there
+    /// is NotFound naming the mount (kubelet pulls it first).
+    async fn lease_image_volumes(
+        &self,
+        rec: &ContainerRecord,
+        config: &ContainerConfig,
+    ) -> Result<Vec<ImageVolume>, ContainerError> {
+        let mut out = Vec::new();
+        for (index, m) in config.mounts.iter().enumerate() {
+            let Some(reference) = m.image.as_ref().map(|i| i.image.as_str()) else {
+                continue;
+            };
+            if reference.is_empty() {
+                continue;
+            }
+            let field = format!("config.mounts[{index}].image");
+            let image = self
+                .images
+                .resolve(reference)
+                .map_err(|e| ContainerError::InvalidArgument(format!("{field}: {e}")))?
+                .ok_or_else(|| {
+                    ContainerError::NotFound(format!(
+                        "{field}: image {} not found (pull it first)",
+                        quote(reference)
+                    ))
+                })?;
+            let lowers = self
+                .images
+                .lease_volume(&rec.id, index, &image.id)
+                .await
+                .map_err(|e| ContainerError::NotFound(format!("{field}: {e}")))?;
+            out.push(ImageVolume {
+                index,
+                image_id: image.id,
+                lowers,
+            });
+        }
+        Ok(out)
     }
 
     /// A new container's `unified` keys name only files of controllers
@@ -667,6 +762,7 @@ impl Containers {
             }
             host.delete_runtime_state(&rec);
             host.unmount_rootfs(&rec.rootfs)?;
+            host.unmount_private_mounts(&rec)?;
             crash::point("container.teardown.unmounted");
             host.remove_tree(&rec.state_dir)?;
             host.remove_tree(&rec.layer_dir)

@@ -20,6 +20,7 @@
 //! - `host`: the node effects ([`ContainerHost`], [`RealContainerHost`]);
 //! - `record`: what is stored.
 
+mod cdi;
 mod error;
 pub mod host;
 mod lifecycle;
@@ -85,6 +86,8 @@ pub struct Dirs {
     pub run_dir: PathBuf,
     /// `<root>/containers`: the writable layers.
     pub layers_dir: PathBuf,
+    /// CDI spec dirs, lowest priority first (`cdi_spec_dirs`).
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 pub struct Containers {

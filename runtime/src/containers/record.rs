@@ -81,6 +81,10 @@ pub struct ContainerRecord {
     pub stop_signal: i32,
     /// The container's init pid (host namespace).
     pub pid: i32,
+    /// The image IDs of the request's image volumes, by index in
+    /// `config.mounts` (ContainerStatus.mounts[].image reports them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub image_volumes: BTreeMap<usize, String>,
     /// When StartContainer asked the monitor to start the process (0:
     /// never). Written before the request, so that a restart that finds
     /// the record CREATED asks the monitor whether the start got there.

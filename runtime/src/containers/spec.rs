@@ -34,6 +34,8 @@ pub struct Parts<'a> {
     pub target_pid_ns: Option<PathBuf>,
     /// The node's facts, with the pod's handler's features.
     pub runtime: &'a RuntimeFacts,
+    /// The CDI edits of the devices the request names, in order.
+    pub cdi: &'a [crust_oci::cdi::ContainerEdits],
 }
 
 /// The spec, the user the process runs as and the stop signal.
@@ -54,7 +56,9 @@ pub fn build(p: &Parts<'_>, host: &dyn crust_oci::Host) -> Result<Built, Contain
         runtime: p.runtime,
         host,
     };
-    let spec = crust_oci::container_spec(&input).map_err(ContainerError::from_spec)?;
+    let mut spec = crust_oci::container_spec(&input).map_err(ContainerError::from_spec)?;
+    crust_oci::cdi::apply(&mut spec, p.cdi, "config.CDI_devices", host)
+        .map_err(ContainerError::from_spec)?;
     let user = crust_oci::resolve_user(
         p.config
             .linux

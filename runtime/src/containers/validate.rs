@@ -20,7 +20,93 @@ pub fn checked_config(config: Option<ContainerConfig>) -> Result<ContainerConfig
         .ok_or_else(|| invalid("config.metadata: required".into()))?;
     check_name("config.metadata.name", &md.name)?;
     check_log_path(&config.log_path)?;
+    check_image_volumes(&config)?;
     Ok(config)
+}
+
+/// Image volumes (`mounts[i].image`): no host path besides the image, and a
+/// relative `image_sub_path` without `..` (symlinks in it are resolved
+/// inside the image when it is mounted).
+fn check_image_volumes(config: &ContainerConfig) -> Result<(), ContainerError> {
+    for (i, m) in config.mounts.iter().enumerate() {
+        let image = m.image.as_ref().is_some_and(|img| !img.image.is_empty());
+        let sub = &m.image_sub_path;
+        let bad =
+            |field: &str, why: &str| Err(invalid(format!("config.mounts[{i}].{field}: {why}")));
+        if !image {
+            if !sub.is_empty() {
+                return bad("image_sub_path", "needs an image volume (image)");
+            }
+            continue;
+        }
+        if !m.host_path.is_empty() {
+            return bad("host_path", "must be empty for an image volume");
+        }
+        if sub.contains('\0') {
+            return bad("image_sub_path", "contains NUL");
+        }
+        if sub.starts_with('/') {
+            return bad(
+                "image_sub_path",
+                &format!("{} must be relative to the image's root", quote(sub)),
+            );
+        }
+        if sub.split('/').any(|c| c == "..") {
+            return bad(
+                "image_sub_path",
+                &format!("{} must not contain '..' components", quote(sub)),
+            );
+        }
+        if sub.len() > 4096 {
+            return bad("image_sub_path", "is too long");
+        }
+    }
+    Ok(())
+}
+
+/// The mounts to id-map (`mounts[i].uidMappings`/`gidMappings`, which
+/// kubelet sets on every volume of a `hostUsers: false` pod): their
+/// indexes. crust id-maps through the pod's own user namespace, so the
+/// mappings must be the pod's (as kubelet sends them): anything else is
+/// InvalidArgument naming the field.
+pub fn idmapped_mounts(
+    config: &ContainerConfig,
+    userns: Option<&crust_oci::UserNs>,
+) -> Result<Vec<usize>, ContainerError> {
+    let mut out = Vec::new();
+    for (i, m) in config.mounts.iter().enumerate() {
+        if m.uid_mappings.is_empty() && m.gid_mappings.is_empty() {
+            continue;
+        }
+        let Some(userns) = userns else {
+            return Err(invalid(format!(
+                "config.mounts[{i}].uidMappings: id-mapped mounts need a pod with its own \
+                 user namespace (namespace_options.userns_options mode POD)"
+            )));
+        };
+        let same = |field: &str, given: &[crust_api::v1::IdMapping], pod: &crust_oci::IdMapping| {
+            match given {
+                [m] if m.container_id == pod.container_id
+                    && m.host_id == pod.host_id
+                    && m.length == pod.size =>
+                {
+                    Ok(())
+                }
+                _ => Err(invalid(format!(
+                    "config.mounts[{i}].{field}: must be the pod's user namespace mapping \
+                     (container {} host {} length {}): {} range(s) given",
+                    pod.container_id,
+                    pod.host_id,
+                    pod.size,
+                    given.len()
+                ))),
+            }
+        };
+        same("uidMappings", &m.uid_mappings, &userns.uid)?;
+        same("gidMappings", &m.gid_mappings, &userns.gid)?;
+        out.push(i);
+    }
+    Ok(out)
 }
 
 /// `config.image.image`, which CreateContainer needs.
@@ -131,6 +217,112 @@ mod tests {
         assert!(checked_config(config("web", &long)).is_err());
         assert!(checked_config(config("web", "")).is_ok());
         assert!(checked_config(config("web", "web_0/0.log")).is_ok());
+    }
+
+    #[test]
+    fn image_volumes_name_an_image_and_stay_inside_it() {
+        use crust_api::v1::Mount;
+        let with = |m: Mount| {
+            let mut c = config("web", "").unwrap();
+            c.mounts = vec![Mount::default(), m];
+            checked_config(Some(c))
+        };
+        let image = || {
+            Some(ImageSpec {
+                image: "registry/artifact:1".into(),
+                ..Default::default()
+            })
+        };
+        let vol = |sub: &str| Mount {
+            container_path: "/vol".into(),
+            image: image(),
+            image_sub_path: sub.into(),
+            ..Default::default()
+        };
+        for ok in ["", "dir", "a/b/c", "a/./b"] {
+            assert!(with(vol(ok)).is_ok(), "{ok:?}");
+        }
+        for bad in ["/etc", "..", "a/../../b", "a/..", "a\0b"] {
+            let e = with(vol(bad)).unwrap_err();
+            assert_eq!(field_of(e), "config.mounts[1].image_sub_path", "{bad:?}");
+        }
+        let mut m = vol("");
+        m.host_path = "/etc".into();
+        assert_eq!(field_of(with(m).unwrap_err()), "config.mounts[1].host_path");
+        let m = Mount {
+            container_path: "/x".into(),
+            host_path: "/tmp".into(),
+            image_sub_path: "a".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(with(m).unwrap_err()),
+            "config.mounts[1].image_sub_path"
+        );
+    }
+
+    #[test]
+    fn idmapped_mounts_must_be_the_pods_mapping() {
+        use crust_api::v1::{IdMapping, Mount};
+        let map = |c, h, l| IdMapping {
+            container_id: c,
+            host_id: h,
+            length: l,
+        };
+        let pod = crust_oci::UserNs {
+            path: "/run/ns/user".into(),
+            uid: crust_oci::IdMapping {
+                container_id: 0,
+                host_id: 100_000,
+                size: 65536,
+            },
+            gid: crust_oci::IdMapping {
+                container_id: 0,
+                host_id: 200_000,
+                size: 65536,
+            },
+        };
+        let mount = |uids: Vec<IdMapping>, gids: Vec<IdMapping>| Mount {
+            container_path: "/v".into(),
+            host_path: "/tmp".into(),
+            uid_mappings: uids,
+            gid_mappings: gids,
+            ..Default::default()
+        };
+        let mut c = config("c", "").unwrap();
+        c.mounts = vec![
+            mount(vec![], vec![]),
+            mount(vec![map(0, 100_000, 65536)], vec![map(0, 200_000, 65536)]),
+        ];
+        assert_eq!(idmapped_mounts(&c, Some(&pod)).unwrap(), vec![1]);
+        assert_eq!(
+            field_of(idmapped_mounts(&c, None).unwrap_err()),
+            "config.mounts[1].uidMappings"
+        );
+        for (uids, gids, field) in [
+            (
+                vec![map(0, 100_001, 65536)],
+                vec![map(0, 200_000, 65536)],
+                "uidMappings",
+            ),
+            (
+                vec![map(0, 100_000, 65536)],
+                vec![map(0, 200_000, 1)],
+                "gidMappings",
+            ),
+            (vec![map(0, 100_000, 65536)], vec![], "gidMappings"),
+            (
+                vec![map(0, 100_000, 1), map(1, 100_001, 65535)],
+                vec![map(0, 200_000, 65536)],
+                "uidMappings",
+            ),
+        ] {
+            c.mounts[1] = mount(uids, gids);
+            assert_eq!(
+                field_of(idmapped_mounts(&c, Some(&pod)).unwrap_err()),
+                format!("config.mounts[1].{field}")
+            );
+        }
     }
 
     #[test]

@@ -381,6 +381,43 @@ impl ContainerHost for FakeContainerHost {
         Ok(())
     }
 
+    fn mount_image_volume(
+        &self,
+        rec: &ContainerRecord,
+        index: usize,
+        _lowers: &[PathBuf],
+        sub_path: &str,
+    ) -> Result<PathBuf, ContainerError> {
+        Ok(rec
+            .state_dir
+            .join("image-volumes")
+            .join(index.to_string())
+            .join(sub_path))
+    }
+
+    fn idmap_layers(
+        &self,
+        _rec: &ContainerRecord,
+        lowers: &[PathBuf],
+        _userns: &crust_oci::UserNs,
+    ) -> Result<Vec<PathBuf>, ContainerError> {
+        Ok(lowers.to_vec())
+    }
+
+    fn idmap_mount(
+        &self,
+        _rec: &ContainerRecord,
+        _index: usize,
+        source: &Path,
+        _userns: &crust_oci::UserNs,
+    ) -> Result<PathBuf, ContainerError> {
+        Ok(source.to_path_buf())
+    }
+
+    fn unmount_private_mounts(&self, _rec: &ContainerRecord) -> Result<(), ContainerError> {
+        Ok(())
+    }
+
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError> {
         let mut n = self.state();
         if n.mounted.contains(&id_of(dir)) {

@@ -78,9 +78,23 @@ impl ContainerImages for FakeImages {
         Ok(vec![PathBuf::from("/fake/layers").join(image_id)])
     }
 
+    async fn lease_volume(
+        &self,
+        container_id: &str,
+        index: usize,
+        image_id: &str,
+    ) -> Result<Vec<PathBuf>, crust_image::Error> {
+        self.leases
+            .lock()
+            .unwrap()
+            .insert(format!("{container_id}/volume/{index}"), image_id.into());
+        Ok(vec![PathBuf::from("/fake/layers").join(image_id)])
+    }
+
     async fn release(&self, container_id: &str) -> Result<(), crust_image::Error> {
         self.journal.push(Effect::Release(container_id.into()));
-        self.leases.lock().unwrap().remove(container_id);
+        let mut leases = self.leases.lock().unwrap();
+        leases.retain(|k, _| k != container_id && !k.starts_with(&format!("{container_id}/")));
         Ok(())
     }
 

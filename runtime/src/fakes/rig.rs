@@ -184,6 +184,7 @@ impl Rig {
             crate::containers::Dirs {
                 run_dir: root.join("run/containers"),
                 layers_dir: root.join("root/containers"),
+                cdi_spec_dirs: vec![root.join("cdi")],
             },
         ));
         containers.recover().await.unwrap();

@@ -263,6 +263,11 @@ impl Pods {
             // The pod's own UTS namespace goes with its own network, as in
             // containerd: a host-network pod has the node's hostname.
             uts: pin(!spec.host_network, NamespaceKind::Uts),
+            user: spec.userns.as_ref().map(|_| ns::user_pin_path(&ns_dir)),
+            user_mappings: spec.userns.as_ref().map(|m| {
+                let t = |m: &ns::IdMap| (m.container_id, m.host_id, m.length);
+                [t(&m.uids[0]), t(&m.gids[0])]
+            }),
         };
         let driver = if self.systemd {
             crust_cgroups::Driver::Systemd
@@ -467,6 +472,7 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
         // Applied after CNI ADD, so eth0's sysctls exist too.
         sysctls: Vec::new(),
         loopback_up: true,
+        userns: spec.userns.clone(),
     };
     if opts.net || opts.ipc || opts.uts {
         host.pin_namespaces(&rec.ns_dir, &opts)?;

@@ -175,6 +175,24 @@ impl Pods {
             net_ns: rec.namespaces.net.clone(),
             ipc_ns: rec.namespaces.ipc.clone(),
             uts_ns: rec.namespaces.uts.clone(),
+            user_ns: rec
+                .namespaces
+                .user
+                .clone()
+                .zip(rec.namespaces.user_mappings)
+                .map(|(path, [u, g])| crust_oci::UserNs {
+                    path,
+                    uid: crust_oci::IdMapping {
+                        container_id: u.0,
+                        host_id: u.1,
+                        size: u.2,
+                    },
+                    gid: crust_oci::IdMapping {
+                        container_id: g.0,
+                        host_id: g.1,
+                        size: g.2,
+                    },
+                }),
             // cgroupfs: below the pod cgroup, so that cgroup v2's
             // no-internal-processes rule holds; systemd: the pod's slice.
             cgroup_parent: match &rec.slice {

@@ -39,6 +39,13 @@ pub struct NamespacePaths {
     pub net: Option<PathBuf>,
     pub ipc: Option<PathBuf>,
     pub uts: Option<PathBuf>,
+    /// The pod's user namespace (userns_options mode POD), which owns the
+    /// others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<PathBuf>,
+    /// Its uid and gid mapping: (container ID, host ID, length) each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_mappings: Option<[(u32, u32, u32); 2]>,
 }
 
 /// The pod's CNI attachment: what ADD got, so DEL gets the same config and

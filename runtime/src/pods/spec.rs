@@ -40,6 +40,82 @@ pub struct DnsSpec {
     pub options: Vec<String>,
 }
 
+/// `userns_options`: NODE, or POD with exactly one uid and one gid mapping
+/// that maps container ID 0 (what kubelet sends and the CRI allows), in a
+/// pod with its own network, IPC and PID namespaces.
+fn user_namespace(
+    u: &crust_api::v1::UserNamespace,
+    host_network: bool,
+    host_ipc: bool,
+    host_pid: bool,
+) -> Result<Option<ns::UserNsMappings>, PodError> {
+    const F: &str = "config.linux.security_context.namespace_options.userns_options";
+    match mode(u.mode, &format!("{F}.mode"))? {
+        NamespaceMode::Node => return Ok(None),
+        NamespaceMode::Pod => {}
+        other => {
+            return Err(PodError::invalid(
+                &format!("{F}.mode"),
+                format!(
+                    "{} is not a pod user namespace mode (POD or NODE)",
+                    other.as_str_name()
+                ),
+            ));
+        }
+    }
+    for (name, host) in [
+        ("network", host_network),
+        ("ipc", host_ipc),
+        ("pid", host_pid),
+    ] {
+        if host {
+            return Err(PodError::invalid(
+                &format!("{F}.mode"),
+                format!("a pod in a user namespace cannot use the node's {name} namespace"),
+            ));
+        }
+    }
+    let one = |name: &str, maps: &[crust_api::v1::IdMapping]| -> Result<ns::IdMap, PodError> {
+        let field = format!("{F}.{name}");
+        let [m] = maps else {
+            return Err(PodError::invalid(
+                &field,
+                format!("exactly one mapping is supported, got {}", maps.len()),
+            ));
+        };
+        if m.container_id != 0 {
+            return Err(PodError::invalid(
+                &field,
+                format!(
+                    "container ID 0 must be mapped (the mapping starts at {})",
+                    m.container_id
+                ),
+            ));
+        }
+        if m.length == 0 || m.host_id.checked_add(m.length - 1).is_none() {
+            return Err(PodError::invalid(
+                &field,
+                format!("bad range: host ID {} length {}", m.host_id, m.length),
+            ));
+        }
+        if m.host_id == 0 {
+            return Err(PodError::invalid(
+                &field,
+                "must not map the node's root (host ID 0)",
+            ));
+        }
+        Ok(ns::IdMap {
+            container_id: m.container_id,
+            host_id: m.host_id,
+            length: m.length,
+        })
+    };
+    Ok(Some(ns::UserNsMappings {
+        uids: vec![one("uids", &u.uids)?],
+        gids: vec![one("gids", &u.gids)?],
+    }))
+}
+
 /// A validated RunPodSandbox request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodSpec {
@@ -60,6 +136,8 @@ pub struct PodSpec {
     pub host_network: bool,
     pub host_ipc: bool,
     pub host_pid: bool,
+    /// userns_options mode POD: the pod's user namespace mappings.
+    pub userns: Option<ns::UserNsMappings>,
     /// From the bandwidth annotations kubelet sets.
     pub bandwidth: Option<Bandwidth>,
     pub config: PodSandboxConfig,
@@ -142,23 +220,10 @@ impl PodSpec {
                 ));
             }
         };
-        if let Some(userns) = &ns_opts.userns_options {
-            match mode(userns.mode, &format!("{NS}.userns_options.mode"))? {
-                NamespaceMode::Node => {}
-                NamespaceMode::Pod => {
-                    return Err(PodError::Unimplemented(format!(
-                        "{NS}.userns_options.mode: user namespaces for pods are not \
-                         implemented yet"
-                    )));
-                }
-                other => {
-                    return Err(PodError::invalid(
-                        &format!("{NS}.userns_options.mode"),
-                        format!("{} is not a user namespace mode", other.as_str_name()),
-                    ));
-                }
-            }
-        }
+        let userns = match &ns_opts.userns_options {
+            Some(u) => user_namespace(u, host_network, host_ipc, host_pid)?,
+            None => None,
+        };
 
         if !config.hostname.is_empty() {
             ns::validate_hostname(&config.hostname)
@@ -205,6 +270,7 @@ impl PodSpec {
             host_network,
             host_ipc,
             host_pid,
+            userns,
             bandwidth,
             config,
         })
@@ -534,6 +600,57 @@ mod tests {
     }
 
     #[test]
+    fn user_namespaces_need_one_mapping_of_container_id_0() {
+        let map = |container_id, host_id, length| crust_api::v1::IdMapping {
+            container_id,
+            host_id,
+            length,
+        };
+        let userns = |mode: NamespaceMode, uids: Vec<_>, gids: Vec<_>| {
+            with(move |c| {
+                ns_opts(c).userns_options = Some(UserNamespace {
+                    mode: mode as i32,
+                    uids,
+                    gids,
+                })
+            })
+        };
+        let good = vec![map(0, 100000, 65536)];
+        let spec =
+            PodSpec::from_request(userns(NamespaceMode::Pod, good.clone(), good.clone())).unwrap();
+        let m = spec.userns.unwrap();
+        assert_eq!(
+            (m.uids[0].container_id, m.uids[0].host_id, m.uids[0].length),
+            (0, 100000, 65536)
+        );
+        const F: &str = "config.linux.security_context.namespace_options.userns_options";
+        let field = |req| invalid(req).split(':').next().unwrap().to_string();
+        let two = vec![map(0, 1000, 10), map(10, 2000, 10)];
+        assert_eq!(
+            field(userns(NamespaceMode::Pod, two, good.clone())),
+            format!("{F}.uids")
+        );
+        let not0 = vec![map(1, 1000, 100000)];
+        assert_eq!(
+            field(userns(NamespaceMode::Pod, good.clone(), not0)),
+            format!("{F}.gids")
+        );
+        let overflow = vec![map(0, u32::MAX, 2)];
+        assert_eq!(
+            field(userns(NamespaceMode::Pod, overflow, good.clone())),
+            format!("{F}.uids")
+        );
+        for mode in [NamespaceMode::Container, NamespaceMode::Target] {
+            assert_eq!(field(userns(mode, vec![], vec![])), format!("{F}.mode"));
+        }
+        let mut host_net = userns(NamespaceMode::Pod, good.clone(), good.clone());
+        ns_opts(host_net.config.as_mut().unwrap()).network = NamespaceMode::Node as i32;
+        assert_eq!(field(host_net), format!("{F}.mode"));
+        let node = PodSpec::from_request(userns(NamespaceMode::Node, vec![], vec![])).unwrap();
+        assert_eq!(node.userns, None);
+    }
+
+    #[test]
     fn a_plain_pod_is_accepted() {
         let spec = PodSpec::from_request(request()).unwrap();
         assert_eq!(spec.metadata.name, "web-0");
@@ -600,12 +717,14 @@ mod tests {
         let mut req = request();
         req.config.as_mut().unwrap().linux = None;
         assert!(!PodSpec::from_request(req).unwrap().host_pid);
-        match PodSpec::from_request(with(|c| {
+        // userns POD (the default mode) needs its mappings.
+        let msg = invalid(with(|c| {
             ns_opts(c).userns_options = Some(UserNamespace::default())
-        })) {
-            Err(PodError::Unimplemented(m)) => assert!(m.contains("user namespaces"), "{m}"),
-            other => panic!("{other:?}"),
-        }
+        }));
+        assert!(
+            msg.starts_with("config.linux.security_context.namespace_options.userns_options.uids:"),
+            "{msg}"
+        );
         let msg = invalid(with(|c| {
             ns_opts(c).network = NamespaceMode::Container as i32
         }));

@@ -58,7 +58,7 @@ pub fn container_status(rec: &ContainerRecord) -> ContainerStatus {
         message: rec.message.clone(),
         labels: map(&rec.labels),
         annotations: map(&rec.annotations),
-        mounts: config.mounts.clone(),
+        mounts: mounts(rec, config.mounts),
         log_path: rec
             .log_path
             .as_ref()
@@ -78,6 +78,30 @@ pub fn container_status(rec: &ContainerRecord) -> ContainerStatus {
         }),
         stop_signal: 0,
     }
+}
+
+/// The request's mounts, image volumes with the ID (digest) of the image
+/// they mount, which kubelet reports in the pod's volume status, and as
+/// read-only as they are.
+fn mounts(rec: &ContainerRecord, mut mounts: Vec<Mount>) -> Vec<Mount> {
+    for (index, id) in &rec.image_volumes {
+        if let Some(m) = mounts.get_mut(*index) {
+            let asked = m.image.take().unwrap_or_default();
+            m.image = Some(ImageSpec {
+                image: id.clone(),
+                image_ref: id.clone(),
+                user_specified_image: if asked.user_specified_image.is_empty() {
+                    asked.image
+                } else {
+                    asked.user_specified_image
+                },
+                annotations: asked.annotations,
+                runtime_handler: asked.runtime_handler,
+            });
+            m.readonly = true;
+        }
+    }
+    mounts
 }
 
 fn list_item(rec: &ContainerRecord) -> Container {

@@ -336,6 +336,7 @@ pub(super) fn image_error(doing: &str, e: crust_image::Error) -> Status {
         // Corrupt or hostile content, rejected.
         ErrorKind::InvalidContent => Code::InvalidArgument,
         ErrorKind::Internal => Code::Internal,
+        ErrorKind::InUse => Code::FailedPrecondition,
     };
     super::status(code, format!("{doing}: {e}"))
 }

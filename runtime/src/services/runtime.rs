@@ -56,7 +56,13 @@ impl RuntimeService for Cri {
             }),
             info,
             runtime_handlers: self.runtime_handlers(),
-            features: Some(RuntimeFeatures::default()),
+            features: Some(RuntimeFeatures {
+                // crates/oci resolves supplementary groups per
+                // supplemental_groups_policy (Merge or Strict) and
+                // ContainerStatus.user reports the result.
+                supplemental_groups_policy: true,
+                user_namespaces_host_network: false,
+            }),
         }))
     }
 
@@ -385,9 +391,7 @@ impl Cri {
                 name: name.clone(),
                 features: Some(RuntimeHandlerFeatures {
                     recursive_read_only_mounts: handlers.features(name).recursive_read_only_mounts,
-                    // Pods in user namespaces are not implemented (refused
-                    // by CreateContainer / RunPodSandbox).
-                    user_namespaces: false,
+                    user_namespaces: handlers.features(name).user_namespaces,
                 }),
             })
             .collect()
