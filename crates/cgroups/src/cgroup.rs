@@ -517,8 +517,12 @@ impl<'a> Cgroup<'a> {
             }
         });
         if let Some((dir, file, _, thawed)) = &freezer {
-            dir.write(file, thawed)
-                .map_err(Error::io("thaw", dir.file_path(file)))?;
+            match dir.write(file, thawed) {
+                // Emptied and removed meanwhile (the OCI runtime deleting
+                // its container): nothing is left to thaw.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                r => r.map_err(Error::io("thaw", dir.file_path(file)))?,
+            }
         }
         result
     }
