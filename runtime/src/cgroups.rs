@@ -130,6 +130,10 @@ pub fn check_unified(
         return Ok(());
     }
     let Some(controllers) = controllers else {
+        // A malformed or escaping key is named as such on v1 too; only a
+        // well-formed one is refused for the node's cgroup version.
+        let every: Controllers = crust_cgroups::Controller::ALL.into_iter().collect();
+        validate_unified(unified, every).map_err(|e| format!("{field}: {e}"))?;
         return Err(format!("{field}: needs cgroup v2, this node uses v1"));
     };
     validate_unified(unified, controllers).map_err(|e| format!("{field}: {e}"))

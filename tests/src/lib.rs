@@ -167,7 +167,12 @@ pub fn require(need: Need) -> Option<SkipReason> {
         Need::AppArmor => (apparmor, "needs AppArmor (kernel and apparmor_parser)"),
         Need::NoAppArmor => (!apparmor, "needs a machine without AppArmor"),
         Need::Runc => (in_path("runc"), "needs runc in PATH"),
-        Need::Crun => (in_path("crun"), "needs crun in PATH"),
+        // crun refuses hybrid hosts (v1 controllers with cgroup2 beside
+        // them: "cgroups in hybrid mode not supported").
+        Need::Crun => (
+            in_path("crun") && !Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists(),
+            "needs crun in PATH and a cgroup layout crun supports (not hybrid v1+v2)",
+        ),
     };
     (!ok).then(|| SkipReason(why.to_string()))
 }
@@ -609,8 +614,19 @@ fn test_config(toml_text: &str, dir: &Path) -> String {
             ("plugin_path", "nri/plugins"),
             ("plugin_config_path", "nri/conf.d"),
         ] {
-            nri.entry(key)
-                .or_insert_with(|| toml::Value::String(dir.join(rel).display().to_string()));
+            // The node's own NRI paths (a printed default config) are never
+            // a test daemon's: two tests would fight over the socket.
+            let node_path = nri.get(key).and_then(|v| v.as_str()).is_none_or(|p| {
+                ["/var/run/nri", "/run/nri", "/opt/nri", "/etc/nri"]
+                    .iter()
+                    .any(|d| p.starts_with(d))
+            });
+            if node_path {
+                nri.insert(
+                    key.to_string(),
+                    toml::Value::String(dir.join(rel).display().to_string()),
+                );
+            }
         }
     }
     table.to_string()

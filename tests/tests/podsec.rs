@@ -11,7 +11,7 @@ use crust_tests::crust_api::v1;
 use crust_tests::registry::*;
 use crust_tests::tonic::transport::Channel;
 use crust_tests::tonic::{Code, Status};
-use crust_tests::{Daemon, DaemonBuilder, mounts_under};
+use crust_tests::{Daemon, DaemonBuilder, Need, mounts_under, require};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Ic = v1::image_service_client::ImageServiceClient<Channel>;
@@ -913,11 +913,13 @@ async fn user_namespaces_embedded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn user_namespaces_runc() {
+    require!(Need::Runc);
     user_namespaces("runc").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn user_namespaces_crun() {
+    require!(Need::Crun);
     user_namespaces("crun").await;
 }
 
@@ -1037,10 +1039,12 @@ async fn cdi_devices_embedded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cdi_devices_runc() {
+    require!(Need::Runc);
     cdi_devices("runc").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cdi_devices_crun() {
+    require!(Need::Crun);
     cdi_devices("crun").await;
 }
