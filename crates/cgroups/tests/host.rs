@@ -471,8 +471,9 @@ fn v2_oom_group_and_cgroup_kill(fs: &CgroupFs) -> TestResult {
     for ctl in [Controller::Cpu, Controller::Memory, Controller::Pids] {
         assert!(enabled.contains(ctl), "{ctl} not delegated: {enabled}");
     }
-    let pid = s.spawn(Command::new("sh").args(["-c", "sleep 600 & sleep 600 & wait"]));
-    c.add_process(pid)?;
+    // Joined before it forks: sleeps forked earlier would stay outside,
+    // survive the kill and hold the caller's stdout open.
+    let pid = s.spawn_in(&c, "sleep 600 & sleep 600 & wait");
     std::thread::sleep(Duration::from_millis(100));
     pod.kill_all(Duration::from_secs(5))?;
     assert_eq!(s.wait_signal(pid), Some(9));

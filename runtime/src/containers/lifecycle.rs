@@ -741,7 +741,15 @@ impl Containers {
         // with runc) go into the cgroup again: the update may have
         // rewritten files they set (systemd rewrites what its properties
         // manage).
-        self.write_unified(&rec, merged.unified.clone()).await?;
+        let mut keys = merged.unified.clone();
+        if self.facts.cgroup_v2 {
+            // runc's update leaves huge page limits as they were: on v2
+            // they are plain interface files, written like the keys.
+            for h in merged.hugepage_limits.iter().filter(|h| h.limit > 0) {
+                keys.insert(format!("hugetlb.{}.max", h.page_size), h.limit.to_string());
+            }
+        }
+        self.write_unified(&rec, keys).await?;
         rec.resources = Some(hex::encode(merged.encode_to_vec()));
         self.store_put(&rec).await?;
         entry.set(rec);
