@@ -326,6 +326,20 @@ fn cgroup_path_of(pid: i32, ctrl: &str) -> Option<String> {
         .map(|(_, path)| path)
 }
 
+/// Whether `pid`'s own hugetlb cgroup has the 2 MB page files (systemd
+/// does not delegate hugetlb to scopes).
+fn has_hugetlb_files(pid: i32) -> bool {
+    let Some(path) = cgroup_path_of(pid, "hugetlb") else {
+        return false;
+    };
+    let dir = if cgroup_v2() {
+        cgroup_dir("", &path)
+    } else {
+        cgroup_dir("hugetlb", &path)
+    };
+    dir.join("hugetlb.2MB.max").exists() || dir.join("hugetlb.2MB.limit_in_bytes").exists()
+}
+
 fn read_cgroup_file(pid: i32, ctrl: &str, file: &str) -> String {
     let path = cgroup_path_of(pid, ctrl).unwrap_or_else(|| panic!("{pid} has no {ctrl} cgroup"));
     let dir = if cgroup_v2() {
@@ -761,8 +775,10 @@ async fn resize_in_place(handler: &'static str) {
             "linux.cpuset_cpus",
         ),
     ];
-    if !hugetlb_controller() {
-        // Not silently dropped: a limit this node cannot keep is refused.
+    let hugetlb = hugetlb_controller() && has_hugetlb_files(pid);
+    if !hugetlb {
+        // Not silently dropped: a limit this node (or, with the systemd
+        // driver, the container's scope) cannot keep is refused.
         bad.push((
             v1::LinuxContainerResources {
                 hugepage_limits: vec![v1::HugepageLimit {
@@ -786,7 +802,7 @@ async fn resize_in_place(handler: &'static str) {
         assert_eq!(in_force(&mut e, &id).await, before, "{field}");
         assert!(process_alive(pid), "{field}: the container died");
     }
-    if hugetlb_controller() {
+    if hugetlb {
         e.update(
             &id,
             v1::LinuxContainerResources {

@@ -714,6 +714,20 @@ impl Containers {
             crate::cgroups::check_unified("linux.unified", &res.unified, controllers)
                 .map_err(ContainerError::InvalidArgument)?;
         }
+        // A huge page limit needs hugetlb in the container's own cgroup,
+        // which the systemd driver does not delegate to scopes: refused
+        // rather than dropped.
+        if self.facts.cgroup_v2
+            && let Some(i) = res.hugepage_limits.iter().position(|h| h.limit > 0)
+            && let Some(cg) = self.host.container_cgroup(&rec)
+            && let Some(controllers) = self.host.unified_controllers(cg.path())?
+            && !controllers.contains(crust_cgroups::Controller::Hugetlb)
+        {
+            return Err(ContainerError::InvalidArgument(format!(
+                "linux.hugepage_limits[{i}]: the container's cgroup has no hugetlb controller \
+                 (enabled: {controllers})"
+            )));
+        }
         // The request checked on its own first (errors name what it sent),
         // then merged into what is set: fields it leaves at zero stay.
         crust_oci::linux_resources("linux", &res, &self.facts)
