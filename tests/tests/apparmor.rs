@@ -246,7 +246,7 @@ async fn env() -> Env {
     }
 }
 
-type Pod = (String, v1::PodSandboxConfig);
+use crust_tests::Pod;
 
 impl Env {
     /// A pod on the node's network (no CNI needed).
@@ -309,28 +309,11 @@ impl Env {
         pod: &Pod,
         config: v1::ContainerConfig,
     ) -> Result<String, crust_tests::tonic::Status> {
-        self.rt
-            .create_container(v1::CreateContainerRequest {
-                pod_sandbox_id: pod.0.clone(),
-                config: Some(config),
-                sandbox_config: Some(pod.1.clone()),
-            })
-            .await
-            .map(|r| r.into_inner().container_id)
+        crust_tests::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        let id = self
-            .create(pod, config)
-            .await
-            .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
-        self.rt
-            .start_container(v1::StartContainerRequest {
-                container_id: id.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("StartContainer: {e}"));
-        id
+        crust_tests::run_container(&mut self.rt, pod, config).await
     }
 
     /// (exit code, stdout + stderr)

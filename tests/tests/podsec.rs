@@ -92,7 +92,7 @@ async fn pull(ic: &mut Ic, image: &str) -> String {
     .image_ref
 }
 
-type Pod = (String, v1::PodSandboxConfig);
+use crust_tests::Pod;
 
 impl Env {
     fn pod_config(&self, name: &str) -> v1::PodSandboxConfig {
@@ -178,28 +178,11 @@ impl Env {
     }
 
     async fn create(&mut self, pod: &Pod, config: v1::ContainerConfig) -> Result<String, Status> {
-        self.rt
-            .create_container(v1::CreateContainerRequest {
-                pod_sandbox_id: pod.0.clone(),
-                config: Some(config),
-                sandbox_config: Some(pod.1.clone()),
-            })
-            .await
-            .map(|r| r.into_inner().container_id)
+        crust_tests::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        let id = self
-            .create(pod, config)
-            .await
-            .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
-        self.rt
-            .start_container(v1::StartContainerRequest {
-                container_id: id.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("StartContainer: {e}"));
-        id
+        crust_tests::run_container(&mut self.rt, pod, config).await
     }
 
     async fn exec(&mut self, id: &str, cmd: &[&str]) -> (i32, String, String) {
