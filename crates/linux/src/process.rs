@@ -126,27 +126,26 @@ pub fn is_valid_signal(signal: i32) -> bool {
     Signal::try_from(signal).is_ok()
 }
 
-/// `kill(2)`: sends `signal` to process `pid`. An unknown signal number is
+/// `kill(2)`: sends `signal` to the one process `pid`. An unknown signal
+/// number, and a pid kill(2) reads as a group (0, negatives: a bad number
+/// read from a file must never hit the caller's own process group), are
 /// `InvalidInput`.
 pub fn send_signal(pid: i32, signal: i32) -> io::Result<()> {
-    let sig = Signal::try_from(signal)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad signal {signal}")))?;
-    nix::sys::signal::kill(Pid::from_raw(pid), sig)?;
-    Ok(())
-}
-
-/// SIGKILL to the one process `pid`. Refused (`InvalidInput`) for pids
-/// that kill(2) reads as groups (0, negatives), so that a bad number read
-/// from a file can never kill the caller's own process group.
-pub fn kill_process(pid: i32) -> io::Result<()> {
     if pid <= 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("pid {pid} is not a process"),
         ));
     }
-    nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL)?;
+    let sig = Signal::try_from(signal)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad signal {signal}")))?;
+    nix::sys::signal::kill(Pid::from_raw(pid), sig)?;
     Ok(())
+}
+
+/// SIGKILL to the one process `pid` (see [`send_signal`]).
+pub fn kill_process(pid: i32) -> io::Result<()> {
+    send_signal(pid, libc::SIGKILL)
 }
 
 /// `umask(2)`: sets the file mode creation mask (the low 9 bits of `mask`).
@@ -339,6 +338,19 @@ mod tests {
         assert!(!is_valid_signal(0) && !is_valid_signal(-1) && !is_valid_signal(1000));
         let e = send_signal(std::process::id() as i32, 0).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn group_pids_are_refused() {
+        // 0 and -1 would signal our own group and every process we may.
+        for pid in [0, -1, -(std::process::id() as i32)] {
+            let e = send_signal(pid, 0x0f).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{pid}");
+            assert_eq!(
+                kill_process(pid).unwrap_err().kind(),
+                io::ErrorKind::InvalidInput
+            );
+        }
     }
 
     #[test]
