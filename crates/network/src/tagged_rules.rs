@@ -262,7 +262,7 @@ COMMIT
         // A teardown cut short after deleting the POSTROUTING jump.
         let text: String = save()
             .lines()
-            .filter(|l| !l.starts_with(&format!("-A POSTROUTING -s 10.88.0.5/32")))
+            .filter(|l| !l.starts_with("-A POSTROUTING -s 10.88.0.5/32"))
             .map(|l| format!("{l}\n"))
             .collect();
         let removal = plan(&text, &tags("crust", ID));
