@@ -163,16 +163,26 @@ pub(crate) fn plan(save: &str, tags: &[String]) -> Removal {
 
 /// Removes the nat rules tagged for this attachment in `family`, and the
 /// chains they leave empty. Returns how many rules and chains went. A node
-/// without the iptables tools has none to remove.
+/// without the iptables tools (or a nat table it can read) has none to
+/// remove; rules found but not removed are an error (the DEL stays owed).
 pub(crate) async fn remove(
     family: Family,
     network: &str,
     container_id: &str,
     timeout: Duration,
 ) -> Result<usize, Error> {
-    let Some(save) = run_tool(family.save(), &["-t", "nat"], b"", timeout).await? else {
-        tracing::debug!("{} not installed: no tagged rules to remove", family.save());
-        return Ok(0);
+    let save = match run_tool(family.save(), &["-t", "nat"], b"", timeout).await {
+        Ok(Some(save)) => save,
+        Ok(None) => {
+            tracing::debug!("{} not installed: no tagged rules to remove", family.save());
+            return Ok(0);
+        }
+        // No nat table to read (a legacy node without the module, say):
+        // nothing to find, and no reason to keep the pod's DEL owed.
+        Err(e) => {
+            tracing::warn!(container_id, "cannot look for nat rules left behind: {e}");
+            return Ok(0);
+        }
     };
     let removal = plan(
         &String::from_utf8_lossy(&save),
