@@ -31,8 +31,13 @@ use crate::monitor::Monitor;
 use crate::pods::{PodError, PodState, Pods};
 
 /// How long an exec with a tty waits for the client's first terminal size
-/// before starting the process, so that the process sees its size at once.
-const FIRST_SIZE_WAIT: Duration = Duration::from_millis(200);
+/// before starting the process, so that the process sees its size at once
+/// (`stty size`, full-screen programs). Clients (kubectl) send it right
+/// after the streams are up, but on a loaded node that took over the 200 ms
+/// this once was, and the process started on a 0x0 terminal (`stty size`
+/// failed; containerd and CRI-O always start before the size arrives). A
+/// tty client that never sends a size pays this wait once per exec.
+const FIRST_SIZE_WAIT: Duration = Duration::from_secs(1);
 /// Output frames buffered between the monitor reader and the client.
 const EVENT_BUFFER: usize = 64;
 /// Stdin chunks and resizes buffered towards the monitor.
@@ -217,10 +222,17 @@ async fn exec(monitor: Monitor, req: ExecRequest, mut io: StreamIo) -> Result<i3
     if req.tty
         && let Some(rx) = io.resize.as_mut()
     {
-        first_size = tokio::time::timeout(FIRST_SIZE_WAIT, rx.recv())
-            .await
-            .ok()
-            .flatten();
+        let waiting = std::time::Instant::now();
+        match tokio::time::timeout(FIRST_SIZE_WAIT, rx.recv()).await {
+            Ok(size) => {
+                debug!(waited = ?waiting.elapsed(), ?size, "the client's first terminal size");
+                first_size = size;
+            }
+            Err(_) => debug!(
+                "no terminal size from the client within {FIRST_SIZE_WAIT:?}: the exec starts \
+                 without one"
+            ),
+        }
     }
     let shim_req = crust_shim_protocol::ExecRequest {
         exec_id: crate::ids::new_exec_id()

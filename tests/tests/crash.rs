@@ -21,9 +21,10 @@
 //! trace; then each point gets a trial. Random kills (SIGKILL from the
 //! test at a random delay within the RPC's measured duration) reach the
 //! steps between points (inside CNI plugins, inside a pull, inside the
-//! namespace pinning). `CRUST_KILL_TRIALS=N` sets the random kills per RPC
-//! (default 2), `CRUST_KILL_SEED` replays a run's delays (the seed is
-//! printed).
+//! namespace pinning); two such in-between states are also staged on
+//! purpose (`crash_inside_pinning`, `crash_inside_cni_del`).
+//! `CRUST_KILL_TRIALS=N` sets the random kills per RPC (default 2),
+//! `CRUST_KILL_SEED` replays a run's delays (the seed is printed).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1053,6 +1054,47 @@ impl H {
         self.assert_no_leaks(&what).await;
     }
 
+    /// A crash inside the bridge plugin's DEL, after it deleted the pod's
+    /// interface, which no crash point reaches (random kills did, now and
+    /// then): the pod's eth0 is deleted by hand, as that DEL left it, and
+    /// the daemon is killed at the point before its own DEL. The plugin
+    /// finds its masquerade rules through the addresses on eth0, so the
+    /// retried DEL cannot; the daemon removes what the plugins tagged for
+    /// the pod (iptables is part of the leak check).
+    async fn crash_inside_cni_del(&mut self) {
+        self.trials += 1;
+        let name = format!("t{}", self.trials);
+        let what = format!("trial {name}: a crash inside CNI DEL");
+        *self
+            .count
+            .entry("RemovePod (inside CNI DEL)".into())
+            .or_default() += 1;
+        let mut t = self.setup(Rpc::RemovePod, &name).await;
+        let pod = t.pod.clone().unwrap().0;
+        let netns = self.d.run_dir.join("pods").join(&pod).join("ns/net");
+        let deleted = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(["ip", "link", "del", "eth0"])
+            .status()
+            .unwrap();
+        assert!(deleted.success(), "{what}: deleting the pod's eth0");
+        self.arm("pod.stop.not_ready");
+        let r = self.rpc(Rpc::RemovePod, &t).await;
+        assert!(
+            self.d.wait_exit(Duration::from_secs(20)).await.is_some(),
+            "{what}: {r:?}"
+        );
+        self.disarm();
+        self.d.start_again().await;
+        self.rt = self.d.runtime_v1().await;
+        self.ic = self.d.image_v1().await;
+        self.take_trace();
+        self.assert_steady(&what).await;
+        self.check_and_retry(Rpc::RemovePod, &mut t, &what).await;
+        self.take_trace();
+        self.assert_no_leaks(&what).await;
+    }
+
     /// An exit while the daemon is down is recorded at the restart.
     async fn exit_while_down(&mut self) {
         let what = "an exit while the daemon is down";
@@ -1164,6 +1206,7 @@ async fn a_kill_at_every_step_of_every_rpc_is_recovered() {
 
     h.exit_while_down().await;
     h.crash_inside_pinning().await;
+    h.crash_inside_cni_del().await;
     let mut points_total = 0;
     for rpc in RPCS {
         let (points, took) = h.trial(rpc, Kill::None).await;

@@ -136,11 +136,29 @@ impl WsGot {
         serde_json::from_slice(&self.channels[3])
             .unwrap_or_else(|e| panic!("status {:?}: {e}", self.text(3)))
     }
+    /// Every channel as text, for failure messages.
+    fn describe(&self) -> String {
+        (0..self.channels.len())
+            .map(|c| format!("channel {c}: {:?}", self.text(c)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
 }
 
 /// A `v5.channel.k8s.io` exec/attach session: optional resize, stdin then
 /// its close signal, then everything until the server closes.
 async fn ws_session(url: &str, size: Option<(u16, u16)>, stdin: Option<&[u8]>) -> WsGot {
+    ws_session_sized_after(url, size, Duration::ZERO, stdin).await
+}
+
+/// [`ws_session`], with the terminal size sent `delay` after the session is
+/// up (a client on a loaded node).
+async fn ws_session_sized_after(
+    url: &str,
+    size: Option<(u16, u16)>,
+    delay: Duration,
+    stdin: Option<&[u8]>,
+) -> WsGot {
     let mut req = url
         .replace("http://", "ws://")
         .into_client_request()
@@ -158,6 +176,7 @@ async fn ws_session(url: &str, size: Option<(u16, u16)>, stdin: Option<&[u8]>) -
         ..Default::default()
     };
     if let Some((w, h)) = size {
+        tokio::time::sleep(delay).await;
         let msg = format!("{{\"Width\":{w},\"Height\":{h}}}");
         ws.send(Message::binary([&[4u8][..], msg.as_bytes()].concat()))
             .await
@@ -873,9 +892,10 @@ async fn exec_runs_through_the_monitor_over_spdy_and_websocket() {
     let _ = (&e.net, &e.d, &e.logs);
 }
 
-/// With a tty the terminal size applies and all output is on stdout. On
-/// runc: the embedded runtime's exec pty is sometimes not ready when the
-/// process starts (see the note in the streaming issue).
+/// With a tty the terminal size applies and all output is on stdout, also
+/// when the client's first size comes late. On runc: the embedded
+/// runtime's exec pty is sometimes not ready when the process starts (see
+/// the note in the streaming issue).
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_with_a_tty_gets_the_clients_size_over_spdy_and_websocket() {
     require!(Need::Runc);
@@ -886,15 +906,24 @@ async fn exec_with_a_tty_gets_the_clients_size_over_spdy_and_websocket() {
         .await;
     let got = ws_session(&url, Some((123, 45)), Some(b"")).await;
     let out = got.text(1);
-    assert!(out.contains("45 123"), "{out:?}");
-    assert!(out.contains("/dev/pts/"), "{out:?}");
+    assert!(out.contains("45 123"), "{}", got.describe());
+    assert!(out.contains("/dev/pts/"), "{}", got.describe());
     assert_eq!(got.text(2), "");
     assert_eq!(exit_code(&got.status()), 42);
     let url = e
         .exec_url(&id, &["sh", "-c", "stty size"], true, true)
         .await;
     let got = ws_session(&url, Some((80, 24)), Some(b"")).await;
-    assert!(got.text(1).contains("24 80"), "{:?}", got.text(1));
+    assert!(got.text(1).contains("24 80"), "{}", got.describe());
+    assert_eq!(exit_code(&got.status()), 0);
+    // A client whose size comes late (a loaded node: it took over 200 ms):
+    // the process still starts with it, not on a 0x0 terminal.
+    let url = e
+        .exec_url(&id, &["sh", "-c", "stty size"], true, true)
+        .await;
+    let got =
+        ws_session_sized_after(&url, Some((90, 33)), Duration::from_millis(500), Some(b"")).await;
+    assert!(got.text(1).contains("33 90"), "{}", got.describe());
     assert_eq!(exit_code(&got.status()), 0);
     if node_dir().is_some() {
         let url = e

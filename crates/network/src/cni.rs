@@ -16,17 +16,15 @@ use crate::attachment::{
     validate_ifname,
 };
 use crate::config::NetworkConfigList;
-use crate::exec::run_plugin;
-use crate::result::CniResult;
+use crate::exec::{run_plugin, search_path};
+use crate::result::{CniResult, IpConfig};
+use crate::tagged_rules::{self, Family};
 
 /// Where plugins are looked up unless configured otherwise: the upstream
 /// location and Debian's.
 pub const DEFAULT_BIN_DIRS: [&str; 2] = ["/opt/cni/bin", "/usr/lib/cni"];
 /// Per plugin call; bridge + IPAM usually take well under a second.
 pub const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
-/// Appended to the daemon's PATH for plugins: portmap and bridge run
-/// `iptables`, which lives in sbin.
-const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The CNI versions this runtime speaks.
 const MIN_VERSION: Version = Version(0, 1, 0);
@@ -56,6 +54,19 @@ impl AddResult {
     pub fn pod_ips(&self, ifname: &str) -> Vec<IpAddr> {
         self.result.pod_ips(ifname)
     }
+}
+
+/// Whether a DEL may follow one that was cut short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelAttempt {
+    /// The first DEL since ADD finished: the plugins find all they made.
+    First,
+    /// A DEL that may follow one cut short (the daemon killed mid-DEL, a
+    /// DEL or an ADD's cleanup that failed, a recovery that cannot tell):
+    /// a plugin may no longer find all it made, so the nat rules tagged
+    /// for the attachment are removed afterwards. One `iptables-save` per
+    /// IP family of the pod (both when the ADD result is unknown).
+    Repeat,
 }
 
 /// What [`Cni::add`] records in the cache dir, so DEL and CHECK work with
@@ -239,12 +250,16 @@ impl Cni {
     ///
     /// Run DEL while the namespace is still pinned: the bridge plugin finds
     /// its ipMasq rules through the addresses inside it, so a DEL after
-    /// unpinning leaves those rules behind.
+    /// unpinning leaves those rules behind. For the same reason a DEL
+    /// after one cut short ([`DelAttempt::Repeat`]) ends by removing the
+    /// nat rules the plugins tagged for this attachment (see
+    /// `tagged_rules`).
     pub async fn del(
         &self,
         net: &NetworkConfigList,
         att: &Attachment,
         prev_result: Option<&Value>,
+        attempt: DelAttempt,
     ) -> Result<(), Error> {
         let version = check_version(net)?;
         validate_attachment(att)?;
@@ -254,6 +269,11 @@ impl Cni {
         };
         let prev = prev_result.or(cached.as_ref().map(|c| &c.result));
         self.del_plugins(net, att, prev, version).await?;
+        if attempt == DelAttempt::Repeat {
+            for family in families(prev) {
+                tagged_rules::remove(family, &net.name, &att.container_id, self.timeout).await?;
+            }
+        }
         self.remove_cache(&net.name, &att.container_id, &att.ifname)
     }
 
@@ -436,15 +456,6 @@ impl Cni {
         att: &Attachment,
         netns: &Path,
     ) -> Result<Vec<(&'static str, String)>, Error> {
-        let mut path = std::env::var("PATH").unwrap_or_default();
-        for dir in SYSTEM_PATH.split(':') {
-            if !path.split(':').any(|p| p == dir) {
-                if !path.is_empty() {
-                    path.push(':');
-                }
-                path.push_str(dir);
-            }
-        }
         Ok(vec![
             ("CNI_COMMAND", command.to_string()),
             ("CNI_CONTAINERID", att.container_id.clone()),
@@ -452,7 +463,7 @@ impl Cni {
             ("CNI_IFNAME", att.ifname.clone()),
             ("CNI_ARGS", cni_args(att)?),
             ("CNI_PATH", self.cni_path()),
-            ("PATH", path),
+            ("PATH", search_path()),
         ])
     }
 
@@ -522,6 +533,23 @@ impl Cni {
             }),
         }
     }
+}
+
+/// The IP families of the pod's addresses in an ADD result; both when
+/// there is none (an ADD cut short may have made rules in either).
+fn families(prev: Option<&Value>) -> Vec<Family> {
+    let Some(ips) = prev.and_then(|p| CniResult::parse(p).ok()).map(|r| r.ips) else {
+        return vec![Family::V4, Family::V6];
+    };
+    let v6 = |ip: &IpConfig| ip.address.contains(':');
+    let mut out = Vec::new();
+    if ips.iter().any(|ip| !v6(ip)) {
+        out.push(Family::V4);
+    }
+    if ips.iter().any(v6) {
+        out.push(Family::V6);
+    }
+    out
 }
 
 fn plugin_type(plugin: &Value) -> &str {

@@ -56,6 +56,10 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A system tool (iptables) failed.
+    #[error("{tool} failed: {}", clip(why))]
+    ToolFailed { tool: &'static str, why: String },
+
     #[error("CNI plugin {plugin} returned an invalid result: {why}")]
     InvalidResult { plugin: String, why: String },
 

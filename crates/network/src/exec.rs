@@ -1,5 +1,6 @@
-//! Running a CNI plugin binary: the crate's only process spawn, part of the
-//! daemon's audited spawn path.
+//! Running a CNI plugin binary, and the iptables tools for what plugins
+//! left behind: the crate's only process spawns, part of the daemon's
+//! audited spawn path.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -125,6 +126,101 @@ pub(crate) async fn run_plugin(
             output
         },
     })
+}
+
+/// Appended to the daemon's PATH for plugins and tools: portmap and bridge
+/// run `iptables`, which lives in sbin.
+const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The daemon's PATH with [`SYSTEM_PATH`]'s dirs it lacks appended.
+pub(crate) fn search_path() -> String {
+    let mut path = std::env::var("PATH").unwrap_or_default();
+    for dir in SYSTEM_PATH.split(':') {
+        if !path.split(':').any(|p| p == dir) {
+            if !path.is_empty() {
+                path.push(':');
+            }
+            path.push_str(dir);
+        }
+    }
+    path
+}
+
+/// Runs the system tool `name` (found in [`search_path`]) with `args` and
+/// `stdin`, and returns its stdout if it succeeded; None if the tool is
+/// not installed. Killed like a plugin on timeout or daemon death.
+pub(crate) async fn run_tool(
+    name: &'static str,
+    args: &[&str],
+    stdin: &[u8],
+    timeout: Duration,
+) -> Result<Option<Vec<u8>>, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = search_path();
+    let Some(program) = path
+        .split(':')
+        .filter(|d| d.starts_with('/'))
+        .map(|d| Path::new(d).join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    else {
+        return Ok(None);
+    };
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", &path)
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    crust_linux::spawn::die_with_parent(cmd.as_std_mut());
+    let mut child = spawn(&mut cmd, &program).await?;
+    let (Some(mut child_stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(Error::Spawn {
+            path: program,
+            source: std::io::Error::other("stdio not captured"),
+        });
+    };
+    let run = async move {
+        let feed = async {
+            let _ = child_stdin.write_all(stdin).await;
+            drop(child_stdin);
+        };
+        let ((), out, err) = tokio::join!(
+            feed,
+            // A nat table of a big node is a few MiB.
+            read_capped(stdout, 64 << 20),
+            read_capped(stderr, MAX_STDERR)
+        );
+        (child.wait().await, out, err)
+    };
+    let Ok((status, out, err)) = tokio::time::timeout(timeout, run).await else {
+        return Err(Error::ToolFailed {
+            tool: name,
+            why: format!("timed out after {}s", timeout.as_secs()),
+        });
+    };
+    let io = |source| Error::Spawn {
+        path: program.clone(),
+        source,
+    };
+    let status = status.map_err(io)?;
+    let (out, truncated) = out.map_err(io)?;
+    let (err, _) = err.unwrap_or_default();
+    if !status.success() || truncated {
+        let why = if truncated {
+            "output too large".to_string()
+        } else {
+            format!("{status}: {}", String::from_utf8_lossy(&err).trim())
+        };
+        return Err(Error::ToolFailed { tool: name, why });
+    }
+    Ok(Some(out))
 }
 
 /// Spawns, retrying briefly on ETXTBSY: a binary just written (an upgrade,

@@ -13,12 +13,15 @@ mod default_network;
 mod error;
 mod exec;
 mod result;
+mod tagged_rules;
 
 pub use attachment::{
     Attachment, Bandwidth, DEFAULT_IFNAME, DnsConfig, PortMapping, Protocol, RuntimeCapabilities,
     cni_args, runtime_config,
 };
-pub use cni::{AddResult, CachedAttachment, Cni, DEFAULT_BIN_DIRS, DEFAULT_PLUGIN_TIMEOUT};
+pub use cni::{
+    AddResult, CachedAttachment, Cni, DEFAULT_BIN_DIRS, DEFAULT_PLUGIN_TIMEOUT, DelAttempt,
+};
 pub use default_network::{
     DEFAULT_CONFLIST_FILE, DefaultNetwork, default_conflist, install_default_conflist,
 };

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use crust_linux::ns::{self, NamespaceKind, PinOptions};
 use crust_network::config::{self, NetworkConfigList};
-use crust_network::{Attachment, Cni, Error, PortMapping, Protocol, RuntimeCapabilities};
+use crust_network::{
+    Attachment, Cni, DelAttempt, Error, PortMapping, Protocol, RuntimeCapabilities,
+};
 
 const REAL_PLUGINS: &str = "/usr/lib/cni";
 
@@ -203,7 +205,10 @@ impl Drop for TestPod {
     fn drop(&mut self) {
         let (cni, net, att) = (self.cni.clone(), self.net.clone(), self.att.clone());
         // Own thread and runtime: Drop may run inside a runtime.
-        let _ = std::thread::spawn(move || runtime().block_on(cni.del(&net, &att, None))).join();
+        let _ = std::thread::spawn(move || {
+            runtime().block_on(cni.del(&net, &att, None, DelAttempt::Repeat))
+        })
+        .join();
         let _ = ns::unpin_namespaces(&self.ns_dir());
     }
 }
@@ -296,7 +301,8 @@ fn two_pods_on_a_bridge_reach_each_other_and_del_cleans_up() {
 
     // ipMasq rules exist while attached, and DEL removes them with the veth.
     assert!(iptables_save().contains(&a.att.container_id));
-    rt.block_on(network.cni.del(&net, &a.att, None)).unwrap();
+    rt.block_on(network.cni.del(&net, &a.att, None, DelAttempt::First))
+        .unwrap();
     assert_eq!(network.veths().len(), 1);
     assert_eq!(network.leases().len(), 1);
     assert!(!iptables_save().contains(&a.att.container_id));
@@ -308,15 +314,20 @@ fn two_pods_on_a_bridge_reach_each_other_and_del_cleans_up() {
             .is_none()
     );
     // Again: already deleted is fine.
-    rt.block_on(network.cni.del(&net, &a.att, None)).unwrap();
+    rt.block_on(network.cni.del(&net, &a.att, None, DelAttempt::First))
+        .unwrap();
 
     // DEL after the namespace is gone still releases the address. (The
     // bridge plugin finds its ipMasq rules through the addresses inside the
     // namespace, so those stay behind: the daemon must DEL before it
     // unpins. The network guard removes them here.)
     ns::unpin_namespaces(&b.ns_dir()).unwrap();
-    rt.block_on(network.cni.del(&net, &b.att, Some(&added_b.raw)))
-        .unwrap();
+    rt.block_on(
+        network
+            .cni
+            .del(&net, &b.att, Some(&added_b.raw), DelAttempt::First),
+    )
+    .unwrap();
     assert!(network.leases().is_empty());
     // The veth went with the namespace.
     for _ in 0..100 {
@@ -326,6 +337,78 @@ fn two_pods_on_a_bridge_reach_each_other_and_del_cleans_up() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(network.veths().is_empty(), "{:?}", network.veths());
+}
+
+/// The nat lines that name `id` (rules, with their comment).
+fn rules_naming(id: &str) -> usize {
+    iptables_save()
+        .lines()
+        .filter(|l| l.contains(&format!("id: \\\"{id}\\\"\"")))
+        .count()
+}
+
+/// A DEL cut short inside the bridge plugin, after it deleted the pod's
+/// interface (the daemon killed mid-DEL), leaves the pod's masquerade
+/// chain and its POSTROUTING jump: the plugin finds them through the
+/// addresses on that interface, so it cannot on any later DEL.
+/// [`DelAttempt::Repeat`] removes the rules tagged for that pod, and
+/// only those: another pod's, whose ID starts with the first's, stay.
+#[test]
+fn a_del_after_one_cut_short_removes_the_masquerade_rules() {
+    let rt = runtime();
+    let network = TestNetwork::new(6, None);
+    let net = network.conflist(&[]);
+    let id = unique_id("podR");
+    let cut = TestPod::new(&network, &net, &id, RuntimeCapabilities::default());
+    let other = TestPod::new(
+        &network,
+        &net,
+        &format!("{id}0"),
+        RuntimeCapabilities::default(),
+    );
+    let added = rt.block_on(network.cni.add(&net, &cut.att)).unwrap();
+    rt.block_on(network.cni.add(&net, &other.att)).unwrap();
+    let other_rules = rules_naming(&other.att.container_id);
+    assert_eq!(rules_naming(&id), 3, "jump, ACCEPT, MASQUERADE");
+    assert_eq!(other_rules, 3);
+    let chain = iptables_save()
+        .lines()
+        .find(|l| l.starts_with("-A POSTROUTING") && l.contains(&format!("id: \\\"{id}\\\"\"")))
+        .and_then(|l| l.rsplit(" -j ").next())
+        .unwrap()
+        .to_string();
+    assert!(chain.starts_with("CNI-"), "{chain}");
+
+    // What the cut-short DEL did before the kill: the interface is gone.
+    let deleted = Command::new("nsenter")
+        .arg(format!("--net={}", cut.netns().display()))
+        .args(["ip", "link", "del", "eth0"])
+        .status()
+        .unwrap();
+    assert!(deleted.success());
+    assert_eq!(rules_naming(&id), 3);
+
+    rt.block_on(
+        network
+            .cni
+            .del(&net, &cut.att, Some(&added.raw), DelAttempt::Repeat),
+    )
+    .unwrap();
+    assert_eq!(rules_naming(&id), 0, "{}", iptables_save());
+    assert_eq!(rules_naming(&other.att.container_id), other_rules);
+    assert_eq!(network.leases().len(), 1, "the other pod's");
+    assert!(
+        !iptables_save().contains(&format!(":{chain} ")),
+        "the pod's chain {chain} is gone"
+    );
+    // Again: nothing left to find, nothing else touched.
+    rt.block_on(
+        network
+            .cni
+            .del(&net, &cut.att, Some(&added.raw), DelAttempt::Repeat),
+    )
+    .unwrap();
+    assert_eq!(rules_naming(&other.att.container_id), other_rules);
 }
 
 #[test]
@@ -359,7 +442,8 @@ fn host_port_is_reachable_on_localhost_until_del() {
         rules.contains(&pod.att.container_id) && rules.contains(&format!("--dport {host_port}"))
     );
 
-    rt.block_on(network.cni.del(&net, &pod.att, None)).unwrap();
+    rt.block_on(network.cni.del(&net, &pod.att, None, DelAttempt::First))
+        .unwrap();
     let rules = iptables_save();
     assert!(!rules.contains(&pod.att.container_id), "{rules}");
     assert!(!rules.contains(&format!("--dport {host_port}")), "{rules}");
@@ -600,7 +684,8 @@ fn the_default_conflist_works_with_the_real_plugins() {
     assert!(ips[0].to_string().starts_with(&network.subnet_prefix));
     rt.block_on(network.cni.check(&net, &pod.att, Some(&added.raw)))
         .unwrap();
-    rt.block_on(network.cni.del(&net, &pod.att, None)).unwrap();
+    rt.block_on(network.cni.del(&net, &pod.att, None, DelAttempt::First))
+        .unwrap();
     assert!(network.veths().is_empty());
     assert!(network.leases().is_empty());
     assert!(!iptables_save().contains(&pod.att.container_id));

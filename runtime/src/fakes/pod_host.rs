@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use crust_linux::ns::{self, NamespaceKind, PinOptions};
-use crust_network::Attachment;
 use crust_network::config::NetworkConfigList;
+use crust_network::{Attachment, DelAttempt};
 use serde_json::Value;
 
 use super::{Effect, Failures, Journal, Op, id_of, injected};
@@ -57,6 +57,8 @@ pub struct FakePodHost {
     kubelet_cgroups: Mutex<BTreeSet<PathBuf>>,
     /// What `unified_controllers` answers (None: a cgroup v1 node).
     controllers: Mutex<Option<Controllers>>,
+    /// Every CNI DEL: pod ID and whether it may follow one cut short.
+    del_attempts: Mutex<Vec<(String, DelAttempt)>>,
 }
 
 impl FakePodHost {
@@ -77,7 +79,13 @@ impl FakePodHost {
             )]),
             kubelet_cgroups: Mutex::default(),
             controllers: Mutex::default(),
+            del_attempts: Mutex::default(),
         }
+    }
+
+    /// Every CNI DEL so far: pod ID and attempt.
+    pub fn del_attempts(&self) -> Vec<(String, DelAttempt)> {
+        self.del_attempts.lock().unwrap().clone()
     }
 
     /// kubelet made a cgroup (a pod slice) before the pod runs.
@@ -276,8 +284,13 @@ impl PodHost for FakePodHost {
         _net: &NetworkConfigList,
         att: &Attachment,
         _prev: Option<&Value>,
+        attempt: DelAttempt,
     ) -> Result<(), PodError> {
         self.journal.push(Effect::CniDel(att.container_id.clone()));
+        self.del_attempts
+            .lock()
+            .unwrap()
+            .push((att.container_id.clone(), attempt));
         self.check(Op::CniDel)?;
         self.state().attached.remove(&att.container_id);
         Ok(())

@@ -17,7 +17,7 @@ use crust_cgroups::{CgroupPath, Controllers};
 use crust_linux::mounts;
 use crust_linux::ns::{self, PinOptions, PinnedNamespaces};
 use crust_network::config::{self as cni_config, ConfigError, NetworkConfigList};
-use crust_network::{Attachment, Cni};
+use crust_network::{Attachment, Cni, DelAttempt};
 use crust_oci::RuntimeFacts;
 use serde_json::Value;
 
@@ -93,12 +93,15 @@ pub trait PodHost: Send + Sync + 'static {
         att: &Attachment,
     ) -> Result<CniAdded, CniAddFailed>;
     /// CNI DEL (the namespace must still be pinned: the bridge plugin
-    /// finds its masquerade rules through it).
+    /// finds its masquerade rules through it). `attempt`: whether an
+    /// earlier DEL may have been cut short, so that the plugins cannot
+    /// find all they made (see [`DelAttempt`]).
     async fn cni_del(
         &self,
         net: &NetworkConfigList,
         att: &Attachment,
         prev_result: Option<&Value>,
+        attempt: DelAttempt,
     ) -> Result<(), PodError>;
 
     /// Runs the pod's pause process (PID 1 of its shared PID namespace).
@@ -338,9 +341,10 @@ impl PodHost for RealPodHost {
         net: &NetworkConfigList,
         att: &Attachment,
         prev_result: Option<&Value>,
+        attempt: DelAttempt,
     ) -> Result<(), PodError> {
         let started = std::time::Instant::now();
-        let result = self.cni.del(net, att, prev_result).await;
+        let result = self.cni.del(net, att, prev_result, attempt).await;
         self.observe_cni(false, result.is_ok(), started);
         result.map_err(|e| PodError::internal("tearing down the pod network (CNI DEL)", e))
     }

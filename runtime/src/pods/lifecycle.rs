@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crust_api::v1::LinuxContainerResources;
 use crust_linux::ns::{self, NamespaceKind, PinOptions};
 use crust_network::config::NetworkConfigList;
-use crust_network::{Attachment, DEFAULT_IFNAME, RuntimeCapabilities};
+use crust_network::{Attachment, DEFAULT_IFNAME, DelAttempt, RuntimeCapabilities};
 use tracing::{error, info, warn};
 
 use super::host::PodHost;
@@ -151,6 +151,15 @@ impl Pods {
     pub async fn stop(&self, op: &PodOp) -> Result<(), PodError> {
         let entry = op.entry();
         let mut rec = entry.snapshot();
+        // A ready pod has had no DEL: only the stop that makes it NOTREADY
+        // runs the first. A NOTREADY pod still attached had one cut short
+        // or failed (or its creation's undo did, or recovery found its
+        // namespaces gone).
+        let attempt = if rec.state == PodState::Ready {
+            DelAttempt::First
+        } else {
+            DelAttempt::Repeat
+        };
         self.host.stop_pause(&rec).await?;
         crash::point("pod.stop.pause");
         if rec.state == PodState::Ready {
@@ -161,7 +170,7 @@ impl Pods {
             info!(id = %rec.id, name = %rec.metadata.name, "pod sandbox stopped");
         }
         if rec.network_attached() {
-            self.del_network(&rec).await?;
+            self.del_network(&rec, attempt).await?;
             crash::point("pod.stop.cni_deleted");
             if let Some(net) = rec.network.as_mut() {
                 net.attached = false;
@@ -376,7 +385,13 @@ impl Pods {
     /// RemovePodSandbox retries it, and the error says so.
     async fn rollback(&self, rec: PodRecord, cause: PodError) -> PodError {
         warn!(id = %rec.id, "pod sandbox creation failed, undoing it: {cause}");
-        match self.teardown(&rec).await {
+        // After a finished ADD, this DEL is the first; without a result
+        // the ADD's own cleanup failed (a DEL is owed after a failed one).
+        let attempt = match rec.network.as_ref().and_then(|n| n.result.as_ref()) {
+            Some(_) => DelAttempt::First,
+            None => DelAttempt::Repeat,
+        };
+        match self.teardown(&rec, attempt).await {
             Ok(()) => {
                 crash::point("pod.rollback.torn_down");
                 let (store, id) = (self.store.clone(), rec.id.clone());
@@ -407,19 +422,23 @@ impl Pods {
     }
 
     /// Network first (while the namespace is pinned), then the rest.
-    pub(super) async fn teardown(&self, rec: &PodRecord) -> Result<(), PodError> {
-        self.del_network(rec).await?;
+    pub(super) async fn teardown(
+        &self,
+        rec: &PodRecord,
+        attempt: DelAttempt,
+    ) -> Result<(), PodError> {
+        self.del_network(rec, attempt).await?;
         self.teardown_local(rec).await
     }
 
     /// CNI DEL, if one is owed. Without a result (ADD not finished) the CNI
     /// cache has it, if ADD got that far.
-    async fn del_network(&self, rec: &PodRecord) -> Result<(), PodError> {
+    async fn del_network(&self, rec: &PodRecord, attempt: DelAttempt) -> Result<(), PodError> {
         let Some(net) = rec.network.as_ref().filter(|n| n.attached) else {
             return Ok(());
         };
         self.host
-            .cni_del(&net.config, &net.attachment, net.result.as_ref())
+            .cni_del(&net.config, &net.attachment, net.result.as_ref(), attempt)
             .await
     }
 

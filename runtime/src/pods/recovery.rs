@@ -10,6 +10,7 @@ use super::record::{PodRecord, PodState};
 use super::{PodError, Pods};
 use crate::ids::is_id;
 use crate::tasks::blocking;
+use crust_network::DelAttempt;
 
 impl Pods {
     /// Rebuilds the index from the store and reconciles the node.
@@ -25,8 +26,10 @@ impl Pods {
         for mut rec in records {
             match rec.state {
                 PodState::Creating => {
-                    // RunPodSandbox did not finish: undo it.
-                    match self.teardown(&rec).await {
+                    // RunPodSandbox did not finish: undo it. Whether a DEL
+                    // (the ADD's cleanup, the undo's) was cut short
+                    // already cannot be told.
+                    match self.teardown(&rec, DelAttempt::Repeat).await {
                         Ok(()) => {
                             self.store_delete(&rec.id).await?;
                             undone += 1;

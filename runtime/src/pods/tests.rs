@@ -162,6 +162,57 @@ async fn a_failed_cni_del_is_retried_by_the_next_stop() {
     assert!(rig.pod_host.node().attached.is_empty());
 }
 
+/// Only the DEL of a ready pod's stop, or of the undo after a finished
+/// ADD, is a first one; any other may follow a DEL cut short (the bridge
+/// plugin, killed after deleting the pod's interface, leaves masquerade
+/// rules that only a DEL told so removes).
+#[tokio::test]
+async fn a_del_that_may_follow_one_cut_short_says_so() {
+    use crust_network::DelAttempt::{First, Repeat};
+    let rig = Rig::new().await;
+    let ready = rig.run_pod("ready").await.unwrap();
+    rig.lifecycle.remove_pod(&ready).await.unwrap();
+
+    let failed = rig.run_pod("failed-del").await.unwrap();
+    rig.pod_host.fail(Op::CniDel);
+    assert!(rig.lifecycle.stop_pod(&failed).await.is_err());
+    rig.pod_host.heal(Op::CniDel);
+    rig.lifecycle.remove_pod(&failed).await.unwrap();
+
+    rig.pod_host.fail(Op::CniAddNoIp);
+    rig.run_pod("no-ip").await.unwrap_err();
+    rig.pod_host.heal(Op::CniAddNoIp);
+
+    // Killed inside the DEL of a stop: NOTREADY, still attached.
+    let killed = rig.run_pod("killed-in-del").await.unwrap();
+    let mut rec = rig.pods.get(&killed).unwrap();
+    rec.state = PodState::NotReady;
+    rig.store.put(&rec).unwrap();
+    // Killed while being created (or undone).
+    let creating = rig.run_pod("creating").await.unwrap();
+    let mut rec = rig.pods.get(&creating).unwrap();
+    rec.state = PodState::Creating;
+    rig.store.put(&rec).unwrap();
+    let rig = rig.restart().await;
+    rig.lifecycle.remove_pod(&killed).await.unwrap();
+
+    let attempts = rig.pod_host.del_attempts();
+    let of = |id: &str| -> Vec<_> {
+        attempts
+            .iter()
+            .filter(|(i, _)| i == id)
+            .map(|(_, a)| *a)
+            .collect()
+    };
+    assert_eq!(of(&ready), [First]);
+    assert_eq!(of(&failed), [First, Repeat]);
+    assert_eq!(of(&killed), [Repeat]);
+    assert_eq!(of(&creating), [Repeat]);
+    assert_eq!(attempts.len(), 6, "{attempts:?}");
+    assert_eq!(attempts[3].1, First, "the undo after ADD: {attempts:?}");
+    assert!(rig.pod_host.node().attached.is_empty());
+}
+
 #[tokio::test]
 async fn remove_leaves_the_network_before_the_namespaces_go() {
     let rig = Rig::new().await;
