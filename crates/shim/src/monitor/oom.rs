@@ -1,16 +1,29 @@
 //! OOM-kill detection: the `oom_kill` count of the container's memory
 //! cgroup (`memory.events` on v2, `memory.oom_control` on v1) at create
-//! time, compared with the count after the container exited.
+//! time, compared with the count when the kernel says the file changed
+//! (v2, inotify) and after the container exited.
+//!
+//! Why not only after the exit: a systemd scope's cgroup is removed by
+//! systemd as soon as its last process is gone (and with systemd's default
+//! OOMPolicy=stop, it stops the whole scope on the kill), often before the
+//! monitor has reaped the init and read the file. containerd's shim and
+//! conmon watch memory.events the same way.
 
 use std::fs;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use crust_linux::mountinfo::{self, Mount};
+use crust_linux::watch::ModifiedWatch;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) struct OomWatch {
     file: PathBuf,
     baseline: u64,
+    /// A count above the baseline was seen.
+    seen: bool,
+    /// Modifications of memory.events (v2; v1's oom_control sends none).
+    changes: Option<ModifiedWatch>,
 }
 
 impl OomWatch {
@@ -19,16 +32,49 @@ impl OomWatch {
         let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         let mounts = mountinfo::read_self().ok()?;
         let file = memory_events_file(&cgroup, &mounts)?;
+        // Before the baseline read: no kill falls between the two.
+        let changes = (file.file_name() == Some("memory.events".as_ref()))
+            .then(|| ModifiedWatch::new(&file).ok())
+            .flatten();
         let baseline = read_oom_kill(&fs::read_to_string(&file).ok()?).unwrap_or(0);
-        Some(OomWatch { file, baseline })
+        Some(OomWatch {
+            file,
+            baseline,
+            seen: false,
+            changes,
+        })
     }
 
-    /// The count went up since create. False if the file is gone.
-    pub fn oom_killed(&self) -> bool {
-        fs::read_to_string(&self.file)
+    /// What to poll for changes, until the exit.
+    pub fn changes_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.changes.as_ref().map(|w| w.as_fd())
+    }
+
+    /// The file changed (or may have): read the count now.
+    pub fn on_change(&mut self) {
+        if let Some(w) = &self.changes {
+            w.drain();
+        }
+        self.check();
+    }
+
+    /// Reads the count; remembers a rise above the baseline. Nothing when
+    /// the file is gone.
+    pub fn check(&mut self) {
+        let now = fs::read_to_string(&self.file)
             .ok()
-            .and_then(|s| read_oom_kill(&s))
-            .is_some_and(|n| n > self.baseline)
+            .and_then(|s| read_oom_kill(&s));
+        if now.is_some_and(|n| n > self.baseline) {
+            self.seen = true;
+        }
+    }
+
+    /// Whether the count went up since create, now or at any check before
+    /// (the file may be gone by now); stops watching.
+    pub fn oom_killed(&mut self) -> bool {
+        self.check();
+        self.changes = None;
+        self.seen
     }
 }
 
