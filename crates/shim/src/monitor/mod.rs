@@ -250,7 +250,7 @@ impl Monitor {
     fn poll_set(&self) -> PollSet<'_> {
         let mut set = PollSet::default();
         set.add(self.children.as_fd(), PollFlags::POLLIN, Tok::Signal);
-        if let Some(fd) = self.oom.as_ref().and_then(|w| w.changes_fd()) {
+        for fd in self.oom.iter().flat_map(|w| w.changes_fds()) {
             set.add(fd, PollFlags::POLLIN, Tok::OomEvents);
         }
         if self.exit.is_none() {
