@@ -1198,7 +1198,11 @@ async fn an_oom_kill_is_reported(handler: &'static str) {
         assert!(Instant::now() < deadline, "{st:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!((st.exit_code, st.reason.as_str()), (137, "OOMKilled"), "{st:?}");
+    assert_eq!(
+        (st.exit_code, st.reason.as_str()),
+        (137, "OOMKilled"),
+        "{st:?}"
+    );
     e.rt.remove_container(v1::RemoveContainerRequest {
         container_id: id.clone(),
     })

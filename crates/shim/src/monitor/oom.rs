@@ -113,10 +113,8 @@ impl OomWatch {
             }
             // The container's cgroup is gone: what the parent counts
             // beyond the others (and our count so far) is ours.
-            (None, Some(total), Some(p)) => {
-                if total > p.others.saturating_add(self.baseline) {
-                    self.seen = true;
-                }
+            (None, Some(total), Some(p)) if total > p.others.saturating_add(self.baseline) => {
+                self.seen = true;
             }
             _ => {}
         }

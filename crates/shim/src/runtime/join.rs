@@ -166,9 +166,8 @@ fn fork_into(single: &sys::SingleThreaded, cgroup: BorrowedFd<'_>) -> Result<Opt
     match cgroup_fork::fork_into_cgroup(single, cgroup) {
         Ok(forked) => Ok(forked),
         Err(ForkIntoCgroupError::Refused(refused)) => {
-            cgroup_fork::join_cgroup(cgroup).map_err(|e| {
-                format!("joining the container's cgroup: {e} (and {refused})")
-            })?;
+            cgroup_fork::join_cgroup(cgroup)
+                .map_err(|e| format!("joining the container's cgroup: {e} (and {refused})"))?;
             sys::fork_single_threaded(single).map_err(|e| format!("fork: {e}"))
         }
         Err(e @ ForkIntoCgroupError::Failed(_)) => Err(e.to_string()),
