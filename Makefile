@@ -44,7 +44,7 @@ BENCH_ARGS ?=
 # hack/vm/known-failing); make test-vm runs them all (VM_SUITES).
 # hack/vm/README.md says what each costs.
 VM_TEST_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation@cgroupfs \
-	crust-tests:pods@cgroupfs crust-tests:apparmor@cgroupfs
+	crust-tests:pods crust-tests:apparmor@cgroupfs
 VM_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation crust-tests:pods \
 	crust-tests:containers \
 	crust-tests:streaming crust-shim:e2e@cgroupfs crust-linux:pod_sandbox@cgroupfs \

@@ -37,6 +37,13 @@ timeout_s=${CRUST_VM_TEST_TIMEOUT:-1800}
 slowdown=${CRUST_VM_SLOWDOWN:-10}
 log_dir=${CRUST_VM_LOG_DIR:-${CARGO_TARGET_DIR:-$REPO/target}/vm-test}
 cargo=${CARGO:-cargo}
+mkdir -p "$log_dir"
+# Two runs writing one log dir would mix their logs and summaries: refuse
+# the second (each VM is isolated, its run dir, port and known_hosts its
+# own; the logs are per checkout).
+exec {log_lock_fd}>"$log_dir/.lock"
+flock -n "$log_lock_fd" ||
+  vm_die "another hack/vm/test.sh is running with the log dir $log_dir; wait for it, or set CRUST_VM_LOG_DIR to a dir of this run's own"
 
 t_all=$(vm_now)
 "$VM_SRC"/deps.sh
@@ -104,7 +111,6 @@ leftovers='
   ip -o link | awk -F": " '\''$2 !~ /^(lo|eth0)$/ { print "link " $2 }'\''
 '
 
-mkdir -p "$log_dir"
 rm -f "$log_dir"/*.log
 declare -A pass_seconds=()
 status=0

@@ -110,16 +110,22 @@ vm_start_once() {
   return 1
 }
 
-# Per-run dirs of runs that died without their trap (SIGKILL; their QEMU
-# died with them): those whose QEMU is gone, or that never got one and are
-# older than an hour.
+# Per-run dirs of runs that ended without their trap (SIGKILL; their QEMU
+# died with them). Each run holds a flock on its dir's "lock" file for as
+# long as it lives (its QEMU inherits it), so a dir whose lock can be taken
+# belongs to no live run. A PID check cannot tell that: a run in another PID
+# namespace (make test runs under unshare -p) has PIDs this one cannot see,
+# and removing its dir (known_hosts, scratch overlay) broke it mid-run. Dirs
+# without a lock file are runs between mktemp and flock, or older harnesses:
+# removed only when older than an hour.
 vm_remove_stale_runs() {
-  local dir pid
+  local dir
   for dir in /tmp/crust-vm-run.*; do
     [ -d "$dir" ] || continue
-    if [ -f "$dir/qemu.pid" ]; then
-      pid=$(cat "$dir/qemu.pid")
-      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = qemu-system-x86 ] && continue
+    if [ -f "$dir/lock" ]; then
+      # A lock file younger than a minute may be one not yet flocked.
+      [ -n "$(find "$dir/lock" -mmin +1)" ] || continue
+      flock -n "$dir/lock" true 2>/dev/null || continue
     elif [ -z "$(find "$dir" -maxdepth 0 -mmin +60)" ]; then
       continue
     fi
@@ -132,6 +138,9 @@ vm_boot() {
   vm_remove_stale_runs
   vm_trap
   VM_RUN=$(mktemp -d /tmp/crust-vm-run.XXXXXX)
+  # Held until this shell and its QEMU are gone (see vm_remove_stale_runs).
+  exec {VM_LOCK_FD}>"$VM_RUN/lock"
+  flock -n "$VM_LOCK_FD" || vm_die "cannot lock the new run dir $VM_RUN"
   qemu-img create -q -f qcow2 -F raw -b "$VM_ASSETS/scratch.img" "$VM_RUN/scratch.qcow2"
   local t0 rc
   t0=$(vm_now)

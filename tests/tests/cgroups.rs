@@ -1108,3 +1108,116 @@ fn the_systemd_driver_refuses_a_pid_namespace_of_its_own() {
     assert!(err.contains("PID namespace of its own"), "{err}");
     assert!(!dir.path().join("s.sock").exists());
 }
+
+/// An exec'd process is in the container's cgroup from its first
+/// instruction: its first act (cat reading /proc/self/cgroup) sees what
+/// the container's init saw at its start, never the monitor's cgroup. On
+/// cgroup v2 the embedded handler clones it there (CLONE_INTO_CGROUP).
+async fn exec_starts_in_the_containers_cgroup(handler: &'static str) {
+    let mut e = env(handler).await;
+    let pod = e.pod("execcg").await;
+    let mut config = e.container("execcg", Default::default());
+    config.command = vec!["sh".into(), "-c".into()];
+    config.args = vec!["cat /proc/self/cgroup > /tmp/init.cgroup; exec sleep 1000".into()];
+    let id = e.run(&pod, config).await;
+    let pid = e.pid_of(&id).await;
+    let exec = |cmd: &[&str]| {
+        let req = v1::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout: 60,
+        };
+        let mut rt = e.rt.clone();
+        async move {
+            let r = rt
+                .exec_sync(req)
+                .await
+                .unwrap_or_else(|err| panic!("ExecSync: {err}"))
+                .into_inner();
+            assert_eq!(r.exit_code, 0, "{}", String::from_utf8_lossy(&r.stderr));
+            String::from_utf8(r.stdout).unwrap()
+        }
+    };
+    let mut init_view = String::new();
+    for _ in 0..100 {
+        init_view = exec(&["cat", "/tmp/init.cgroup"]).await;
+        if !init_view.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!init_view.is_empty(), "the init wrote no /tmp/init.cgroup");
+    for _ in 0..3 {
+        assert_eq!(exec(&["cat", "/proc/self/cgroup"]).await, init_view);
+    }
+    // And that is the container's own cgroup, seen from the host.
+    let path = cgroup_path_of(pid, "memory").unwrap();
+    assert!(path.contains(&id), "{path}");
+    if cgroup_v2() {
+        // The container's own cgroup namespace: its root is the cgroup.
+        assert_eq!(init_view, "0::/\n");
+    }
+    e.remove_container(&id).await;
+    e.remove_pod(&pod.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_starts_in_the_containers_cgroup_embedded() {
+    exec_starts_in_the_containers_cgroup("").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_starts_in_the_containers_cgroup_runc() {
+    require!(Need::Runc);
+    exec_starts_in_the_containers_cgroup("runc").await;
+}
+
+/// A container killed by the OOM killer exits 137 with reason OOMKilled,
+/// also where its cgroup goes with its last process (systemd scopes: with
+/// systemd's default OOMPolicy=stop the scope is stopped on the kill).
+async fn an_oom_kill_is_reported(handler: &'static str) {
+    let mut e = env(handler).await;
+    let pod = e.pod("oom").await;
+    let mut config = e.container(
+        "oom",
+        v1::LinuxContainerResources {
+            memory_limit_in_bytes: 16 * MIB,
+            memory_swap_limit_in_bytes: 16 * MIB,
+            ..Default::default()
+        },
+    );
+    config.command = vec!["sh".into(), "-c".into()];
+    config.args = vec!["dd if=/dev/zero of=/dev/null bs=40M".into()];
+    let id = e.run(&pod, config).await;
+    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(30));
+    let st = loop {
+        let (st, _) = e.status(&id).await;
+        if st.state == v1::ContainerState::ContainerExited as i32 {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (st.exit_code, st.reason.as_str()),
+        (137, "OOMKilled"),
+        "{st:?}"
+    );
+    e.rt.remove_container(v1::RemoveContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    e.remove_pod(&pod.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oom_kill_is_reported_embedded() {
+    an_oom_kill_is_reported("").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oom_kill_is_reported_runc() {
+    require!(Need::Runc);
+    an_oom_kill_is_reported("runc").await;
+}

@@ -21,29 +21,65 @@ use serde_json::Value;
 
 type Runtime = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
-/// A cgroup parent of the test's own (`/crust-test-<pid>-<tag>`), so that
-/// "no pod cgroup left" can be checked without knowing the pod's ID; the
-/// parent itself is removed on drop.
-struct CgroupParent(String);
+/// A cgroup parent of the test's own, so that "no pod cgroup left" can be
+/// checked without knowing the pod's ID; removed on drop. With the
+/// cgroupfs driver a path (`/crust-test-<pid>-<tag>`, each pod's cgroup
+/// `crust-<id>` in it); with the systemd driver, as kubelet does it, a
+/// slice per pod (`crust_test_<pid>_<tag>-pod<n>.slice`, nested in
+/// `crust_test_<pid>_<tag>.slice`): that driver takes slices only, and a
+/// pod's slice is its cgroup.
+struct CgroupParent(String, std::sync::atomic::AtomicUsize);
 
 impl CgroupParent {
     fn new(tag: &str) -> CgroupParent {
-        CgroupParent(format!("/crust-test-{}-{tag}", std::process::id()))
+        let name = if systemd_driver() {
+            format!("crust_test_{}_{tag}", std::process::id())
+        } else {
+            format!("/crust-test-{}-{tag}", std::process::id())
+        };
+        CgroupParent(name, Default::default())
+    }
+
+    /// The cgroup_parent for the next pod.
+    fn for_pod(&self) -> String {
+        if systemd_driver() {
+            let n = self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("{}-pod{n}.slice", self.0)
+        } else {
+            self.0.clone()
+        }
+    }
+
+    /// The pod cgroup of pod `id` run with cgroup_parent `given`.
+    fn pod_cgroup(&self, given: &str, id: &str) -> String {
+        if systemd_driver() {
+            format!("/{}.slice/{given}", self.0)
+        } else {
+            format!("{given}/crust-{id}")
+        }
     }
 
     /// The parent's dir in every hierarchy (each v1 controller, cgroup2).
     fn dirs(&self) -> Vec<PathBuf> {
-        cgroup_dirs(&self.0)
+        if systemd_driver() {
+            cgroup_dirs(&format!("/{}.slice", self.0))
+        } else {
+            cgroup_dirs(&self.0)
+        }
     }
 
-    /// Pod cgroups (`crust-*`) under the parent, in any hierarchy.
+    /// Pod cgroups (`crust-*`; the pod slices) under the parent, in any
+    /// hierarchy.
     fn pod_cgroups(&self) -> Vec<PathBuf> {
         self.dirs()
             .iter()
             .filter_map(|d| std::fs::read_dir(d).ok())
             .flatten()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("crust-"))
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("crust-") || name.ends_with(".slice")
+            })
             .map(|e| e.path())
             .collect()
     }
@@ -51,6 +87,13 @@ impl CgroupParent {
 
 impl Drop for CgroupParent {
     fn drop(&mut self) {
+        if systemd_driver() {
+            // The slice and every pod slice left in it.
+            let _ = std::process::Command::new("systemctl")
+                .args(["stop", &format!("{}.slice", self.0)])
+                .status();
+            return;
+        }
         for dir in self.dirs() {
             // Pod cgroups first (a failed test may have left one).
             if let Ok(entries) = std::fs::read_dir(&dir) {
@@ -63,6 +106,10 @@ impl Drop for CgroupParent {
             let _ = std::fs::remove_dir(&dir);
         }
     }
+}
+
+fn systemd_driver() -> bool {
+    crust_tests::cgroup_driver() == "systemd"
 }
 
 /// `rel` (a cgroupfs path) in every mounted hierarchy.
@@ -90,7 +137,7 @@ fn pod_config(name: &str, parent: &CgroupParent) -> v1::PodSandboxConfig {
         }),
         labels: HashMap::from([("test".to_string(), name.to_string())]),
         linux: Some(v1::LinuxPodSandboxConfig {
-            cgroup_parent: parent.0.clone(),
+            cgroup_parent: parent.for_pod(),
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 namespace_options: Some(v1::NamespaceOption {
                     pid: v1::NamespaceMode::Container as i32,
@@ -389,7 +436,8 @@ async fn two_pods_on_the_bridge_reach_each_other_with_their_files_and_sysctls() 
     let shm_a = path_of(&info_a, "shmPath");
     assert!(mounts_under(&d.run_dir).contains(&shm_a));
     let cgroup_a = info_a["cgroupPath"].as_str().unwrap().to_string();
-    assert_eq!(cgroup_a, format!("{}/crust-{a}", parent.0));
+    let given_a = &a_config.linux.as_ref().unwrap().cgroup_parent;
+    assert_eq!(cgroup_a, parent.pod_cgroup(given_a, &a));
     assert!(!cgroup_dirs(&cgroup_a).is_empty());
     assert!(!parent.pod_cgroups().is_empty());
 
@@ -1025,7 +1073,7 @@ async fn v1alpha2_clients_run_list_stop_and_remove_pods() {
         }),
         hostname: "old-client".into(),
         linux: Some(v1alpha2::LinuxPodSandboxConfig {
-            cgroup_parent: parent.0.clone(),
+            cgroup_parent: parent.for_pod(),
             security_context: Some(v1alpha2::LinuxSandboxSecurityContext {
                 namespace_options: Some(v1alpha2::NamespaceOption {
                     network: v1alpha2::NamespaceMode::Node as i32,

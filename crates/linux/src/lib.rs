@@ -17,7 +17,9 @@
 //!
 //! For a container's monitor: [`process`] (fork, sessions, signals, exec),
 //! [`children`] (SIGCHLD and reaping), [`poll`], [`console`] (ptys and
-//! descriptor passing), [`ns::ProcessNamespaces`] (joining a container).
+//! descriptor passing), [`ns::ProcessNamespaces`] (joining a container),
+//! [`cgroup_fork`] (a child started in a cgroup v2 group at clone time),
+//! [`watch`] (file modifications: OOM kills as they happen).
 //!
 //! For image layers and crust's own files: [`fs`] (fd-relative, never
 //! following a symlink).
@@ -25,6 +27,7 @@
 //! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
 //! that die with the daemon).
 
+pub mod cgroup_fork;
 pub mod children;
 pub mod console;
 mod error;
@@ -38,5 +41,6 @@ pub mod process;
 pub mod procstats;
 pub mod spawn;
 pub mod sysctl;
+pub mod watch;
 
 pub use error::Error;

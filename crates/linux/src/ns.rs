@@ -608,6 +608,29 @@ impl ProcessNamespaces {
         Ok(ProcessNamespaces { pid, open })
     }
 
+    /// No namespaces: [`Self::enter`] does nothing.
+    pub fn none() -> ProcessNamespaces {
+        ProcessNamespaces {
+            pid: 0,
+            open: Vec::new(),
+        }
+    }
+
+    /// Takes the cgroup namespace out of the set, to be joined apart (by
+    /// a child cloned into the container's cgroup: with the namespace
+    /// joined first, the kernel would refuse to place a child from a
+    /// cgroup outside it, nsdelegate). Empty when it does not differ.
+    pub fn take_cgroup(&mut self) -> ProcessNamespaces {
+        let (cgroup, rest) = std::mem::take(&mut self.open)
+            .into_iter()
+            .partition(|(name, _, _)| *name == "cgroup");
+        self.open = rest;
+        ProcessNamespaces {
+            pid: self.pid,
+            open: cgroup,
+        }
+    }
+
     /// Joins them, in order. Call it in a disposable single-threaded
     /// process: it stays inside them, and a joined PID namespace applies
     /// only to the children it forks afterwards.
@@ -681,6 +704,28 @@ mod tests {
                 .unwrap()
                 .is_ascii_digit()
         );
+    }
+
+    #[test]
+    fn the_cgroup_namespace_is_taken_apart_in_order() {
+        let open = |name: &'static str, flag| {
+            let f = File::open(format!("/proc/self/ns/{name}")).unwrap();
+            (name, flag, f)
+        };
+        let mut ns = ProcessNamespaces {
+            pid: 1,
+            open: vec![
+                open("user", CloneFlags::CLONE_NEWUSER),
+                open("cgroup", CloneFlags::CLONE_NEWCGROUP),
+                open("mnt", CloneFlags::CLONE_NEWNS),
+            ],
+        };
+        let cgroup = ns.take_cgroup();
+        let names = |n: &ProcessNamespaces| n.open.iter().map(|o| o.0).collect::<Vec<_>>();
+        assert_eq!(names(&cgroup), ["cgroup"]);
+        assert_eq!(names(&ns), ["user", "mnt"]);
+        assert!(names(&ns.take_cgroup()).is_empty());
+        assert!(names(&ProcessNamespaces::none()).is_empty());
     }
 
     #[test]

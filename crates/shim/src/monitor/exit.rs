@@ -45,6 +45,11 @@ impl Monitor {
         while let Some((pid, exit)) = children::try_reap() {
             if pid == self.pid && self.reaped.is_none() && self.exit.is_none() {
                 self.reaped = Some((exit, SystemTime::now()));
+                // At once, before the output is drained: the cgroup may go
+                // with its last process (systemd scopes).
+                if let Some(w) = &mut self.oom {
+                    w.check();
+                }
             } else {
                 self.jobs.on_reaped(pid, exit);
             }
@@ -60,7 +65,7 @@ impl Monitor {
             self.read_output(i, true);
         }
         self.io.close();
-        let oom = self.oom.as_ref().is_some_and(|w| w.oom_killed());
+        let oom = self.oom.as_mut().is_some_and(|w| w.oom_killed());
         let info = exit_info(self.pid, exit, at, oom);
         match serde_json::to_vec(&info) {
             Ok(data) => {

@@ -116,6 +116,7 @@ enum Tok {
     AttachListen,
     Output(usize),
     Stdin,
+    OomEvents,
     Ctl(u64),
     Attach(u64),
     JobOut(u64, usize),
@@ -249,6 +250,9 @@ impl Monitor {
     fn poll_set(&self) -> PollSet<'_> {
         let mut set = PollSet::default();
         set.add(self.children.as_fd(), PollFlags::POLLIN, Tok::Signal);
+        for fd in self.oom.iter().flat_map(|w| w.changes_fds()) {
+            set.add(fd, PollFlags::POLLIN, Tok::OomEvents);
+        }
         if self.exit.is_none() {
             self.ctl.register_listener(&mut set);
             self.attach.register_listener(&mut set);
@@ -279,6 +283,11 @@ impl Monitor {
             }
             Tok::Output(i) => self.read_output(i, false),
             Tok::Stdin => self.io.flush_stdin(),
+            Tok::OomEvents => {
+                if let Some(w) = &mut self.oom {
+                    w.on_change();
+                }
+            }
             Tok::Ctl(id) => self.on_ctl(id, flags),
             Tok::Attach(id) => self.on_attach(id, flags),
             Tok::JobOut(id, i) => self.read_job(id, i, false),

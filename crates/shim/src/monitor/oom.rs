@@ -1,16 +1,45 @@
 //! OOM-kill detection: the `oom_kill` count of the container's memory
 //! cgroup (`memory.events` on v2, `memory.oom_control` on v1) at create
-//! time, compared with the count after the container exited.
+//! time, compared with the count when the kernel says the file changed
+//! (v2, inotify) and after the container exited.
+//!
+//! Why not only after the exit: a systemd scope's cgroup is removed by
+//! systemd as soon as its last process is gone, often before the monitor
+//! has reaped the init and read the file; and the kernel's notice of the
+//! kill can come up to 20 ms late (memory.events notifications are rate
+//! limited, and the limit being hit notifies first), after the removal.
+//! So on v2 the parent's memory.events (hierarchical: it counts the
+//! container's kills too, and keeps them when the container's cgroup goes)
+//! is watched as well: while the container's own file is there, what the
+//! parent counts beyond it is remembered (kills in sibling containers);
+//! once it is gone, a parent count beyond that is the container's kill.
+//! containerd's shim and conmon watch memory.events the same way.
 
 use std::fs;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use crust_linux::mountinfo::{self, Mount};
+use crust_linux::watch::ModifiedWatch;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) struct OomWatch {
     file: PathBuf,
     baseline: u64,
+    /// A count above the baseline was seen.
+    seen: bool,
+    /// Modifications of memory.events (v2; v1's oom_control sends none).
+    changes: Option<ModifiedWatch>,
+    /// v2: the parent cgroup's memory.events.
+    parent: Option<ParentCount>,
+}
+
+#[derive(Debug)]
+struct ParentCount {
+    file: PathBuf,
+    changes: Option<ModifiedWatch>,
+    /// The parent's count minus the container's, at the last read of both.
+    others: u64,
 }
 
 impl OomWatch {
@@ -19,17 +48,92 @@ impl OomWatch {
         let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         let mounts = mountinfo::read_self().ok()?;
         let file = memory_events_file(&cgroup, &mounts)?;
-        let baseline = read_oom_kill(&fs::read_to_string(&file).ok()?).unwrap_or(0);
-        Some(OomWatch { file, baseline })
+        let v2 = file.file_name() == Some("memory.events".as_ref());
+        // The watches before the baseline reads: no kill falls between.
+        let changes = v2.then(|| ModifiedWatch::new(&file).ok()).flatten();
+        let parent_file = file
+            .parent()
+            .and_then(|d| d.parent())
+            .map(|d| d.join("memory.events"))
+            .filter(|_| v2);
+        let parent_changes = parent_file
+            .as_deref()
+            .and_then(|f| ModifiedWatch::new(f).ok());
+        let baseline = read_count(&file)?;
+        let parent = parent_file.and_then(|f| {
+            let others = read_count(&f)?.saturating_sub(baseline);
+            Some(ParentCount {
+                file: f,
+                changes: parent_changes,
+                others,
+            })
+        });
+        Some(OomWatch {
+            file,
+            baseline,
+            seen: false,
+            changes,
+            parent,
+        })
     }
 
-    /// The count went up since create. False if the file is gone.
-    pub fn oom_killed(&self) -> bool {
-        fs::read_to_string(&self.file)
-            .ok()
-            .and_then(|s| read_oom_kill(&s))
-            .is_some_and(|n| n > self.baseline)
+    /// What to poll for changes, until the exit.
+    pub fn changes_fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        let parent = self.parent.as_ref().and_then(|p| p.changes.as_ref());
+        self.changes.iter().chain(parent).map(|w| w.as_fd())
     }
+
+    /// A file changed (or may have): read the counts now.
+    pub fn on_change(&mut self) {
+        let parent = self.parent.as_ref().and_then(|p| p.changes.as_ref());
+        for w in self.changes.iter().chain(parent) {
+            w.drain();
+        }
+        self.check();
+    }
+
+    /// Reads the counts; remembers a rise above the baseline.
+    pub fn check(&mut self) {
+        // The parent first: a kill between the two reads then shows in the
+        // container's count, never in the parent's alone.
+        let parent = self.parent.as_ref().and_then(|p| read_count(&p.file));
+        let own = read_count(&self.file);
+        self.observe(own, parent);
+    }
+
+    fn observe(&mut self, own: Option<u64>, parent_total: Option<u64>) {
+        match (own, parent_total, self.parent.as_mut()) {
+            (Some(n), total, p) => {
+                if n > self.baseline {
+                    self.seen = true;
+                }
+                if let (Some(total), Some(p)) = (total, p) {
+                    p.others = total.saturating_sub(n);
+                }
+            }
+            // The container's cgroup is gone: what the parent counts
+            // beyond the others (and our count so far) is ours.
+            (None, Some(total), Some(p)) if total > p.others.saturating_add(self.baseline) => {
+                self.seen = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the count went up since create, now or at any check before
+    /// (the file may be gone by now); stops watching.
+    pub fn oom_killed(&mut self) -> bool {
+        self.check();
+        self.changes = None;
+        if let Some(p) = &mut self.parent {
+            p.changes = None;
+        }
+        self.seen
+    }
+}
+
+fn read_count(file: &Path) -> Option<u64> {
+    Some(read_oom_kill(&fs::read_to_string(file).ok()?).unwrap_or(0))
 }
 
 /// The `oom_kill N` line of memory.events / memory.oom_control.
@@ -83,6 +187,52 @@ fn join_cgroup(m: &Mount, path: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn watch(baseline: u64, parent_others: Option<u64>) -> OomWatch {
+        OomWatch {
+            file: PathBuf::new(),
+            baseline,
+            seen: false,
+            changes: None,
+            parent: parent_others.map(|others| ParentCount {
+                file: PathBuf::new(),
+                changes: None,
+                others,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_kill_counts_in_the_containers_file() {
+        let mut w = watch(0, Some(2));
+        w.observe(Some(0), Some(2));
+        assert!(!w.seen);
+        w.observe(Some(1), Some(3));
+        assert!(w.seen);
+    }
+
+    #[test]
+    fn a_kill_seen_only_by_the_parent_after_the_cgroup_went_is_ours() {
+        let mut w = watch(0, Some(2));
+        w.observe(Some(0), Some(2));
+        w.observe(None, Some(3));
+        assert!(w.seen);
+    }
+
+    #[test]
+    fn kills_in_siblings_are_not_ours() {
+        let mut w = watch(0, Some(2));
+        // A sibling's kill while our cgroup is there: remembered as theirs.
+        w.observe(Some(0), Some(4));
+        assert!(!w.seen);
+        // Our cgroup gone, nothing new in the parent.
+        w.observe(None, Some(4));
+        assert!(!w.seen);
+        // Without a parent file nothing can be said once ours is gone.
+        let mut w = watch(0, None);
+        w.observe(None, None);
+        assert!(!w.seen);
+    }
 
     #[test]
     fn oom_kill_counts() {

@@ -15,10 +15,18 @@
 //! # Order, in a child of the monitor (host namespaces, full privileges)
 //!
 //! 1. open the container init's namespaces and connect the console socket
-//!    while host paths still resolve; move into the container's cgroup;
+//!    while host paths still resolve; on cgroup v1 or hybrid hosts, move
+//!    into the container's cgroup;
 //! 2. `setns` into each namespace that differs from ours (user first, mount
-//!    last), then fork: only children enter a joined PID namespace;
-//! 3. in the new process: own session, stdio or a pty (created in the
+//!    last; on cgroup v2 all but the cgroup namespace), then fork: only
+//!    children enter a joined PID namespace. On cgroup v2 the fork is
+//!    `clone3(CLONE_INTO_CGROUP)` into the init's cgroup: the new process
+//!    is there from its first instruction and nothing migrates (a
+//!    migration takes the kernel's global cgroup lock); where the kernel
+//!    refuses the flag, we move there and fork as on v1;
+//! 3. in the new process: the cgroup namespace (joined only now: from
+//!    inside it, the kernel would refuse to clone a child into it from our
+//!    cgroup outside it), own session, stdio or a pty (created in the
 //!    container's devpts, sized before the program runs), rlimits,
 //!    oom_score_adj, AppArmor; seccomp now if `noNewPrivileges` is off
 //!    (loading a filter then needs CAP_SYS_ADMIN, which is about to go);
@@ -32,10 +40,11 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
+use crust_linux::cgroup_fork::{self, ForkIntoCgroupError};
 use crust_linux::children;
 use crust_linux::console::{self, Pty};
 use crust_linux::ns::ProcessNamespaces;
@@ -93,21 +102,38 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
         None => NewStdio::Fds(open_stdio(req.stdio)?),
     };
     let single = sys::SingleThreaded::check().map_err(|e| format!("fork: {e}"))?;
-    let namespaces = ProcessNamespaces::open_differing(req.init_pid).map_err(|e| match e {
+    let mut namespaces = ProcessNamespaces::open_differing(req.init_pid).map_err(|e| match e {
         crust_linux::Error::ProcessGone { .. } => {
             "the container is not running (its init is gone)".to_string()
         }
         e => format!("the container's namespaces: {e}"),
     })?;
-    (req.join_cgroup)(Pid::from_raw(std::process::id() as i32))?;
+    // On cgroup v2 the new process is cloned into the init's cgroup; else
+    // this process moves there first and its child inherits it.
+    let into_cgroup = cgroup_fork::unified_cgroup_of(req.init_pid).ok().flatten();
+    let cgroup_ns = match into_cgroup {
+        Some(_) => namespaces.take_cgroup(),
+        None => {
+            (req.join_cgroup)(Pid::from_raw(std::process::id() as i32))?;
+            ProcessNamespaces::none()
+        }
+    };
     namespaces
         .enter()
         .map_err(|e| format!("joining the container's namespaces: {e}"))?;
     let (mut err_r, mut err_w) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
-    match sys::fork_single_threaded(&single).map_err(|e| format!("fork: {e}"))? {
+    let forked = match &into_cgroup {
+        Some(cgroup) => fork_into(&single, cgroup.as_fd())?,
+        None => sys::fork_single_threaded(&single).map_err(|e| format!("fork: {e}"))?,
+    };
+    drop(into_cgroup);
+    match forked {
         None => {
             drop(err_r);
-            let res = become_process(process, args, seccomp, stdio);
+            let res = cgroup_ns
+                .enter()
+                .map_err(|e| format!("joining the container's cgroup namespace: {e}"))
+                .and_then(|()| become_process(process, args, seccomp, stdio));
             // Only reached on failure: tell the caller why, then go.
             let msg = match res {
                 Ok(never) => match never {},
@@ -129,6 +155,22 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
             let _ = children::wait_for(pid);
             Err(msg)
         }
+    }
+}
+
+/// Forks a child that starts in the cgroup v2 directory `cgroup`
+/// (clone3(CLONE_INTO_CGROUP): no migration). Where the kernel refuses
+/// that, this process moves there first (a write to its cgroup.procs) and
+/// forks as before.
+fn fork_into(single: &sys::SingleThreaded, cgroup: BorrowedFd<'_>) -> Result<Option<i32>, String> {
+    match cgroup_fork::fork_into_cgroup(single, cgroup) {
+        Ok(forked) => Ok(forked),
+        Err(ForkIntoCgroupError::Refused(refused)) => {
+            cgroup_fork::join_cgroup(cgroup)
+                .map_err(|e| format!("joining the container's cgroup: {e} (and {refused})"))?;
+            sys::fork_single_threaded(single).map_err(|e| format!("fork: {e}"))
+        }
+        Err(e @ ForkIntoCgroupError::Failed(_)) => Err(e.to_string()),
     }
 }
 
