@@ -65,7 +65,8 @@ impl Monitor {
             self.read_output(i, true);
         }
         self.io.close();
-        let oom = self.oom.as_mut().is_some_and(|w| w.oom_killed());
+        let killed = matches!(exit, ChildExit::Signaled(s) if s == libc::SIGKILL);
+        let oom = self.oom.as_mut().is_some_and(|w| w.oom_killed(killed));
         let info = exit_info(self.pid, exit, at, oom);
         match serde_json::to_vec(&info) {
             Ok(data) => {

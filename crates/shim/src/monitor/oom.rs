@@ -26,8 +26,11 @@ use crust_linux::watch::ModifiedWatch;
 pub(super) struct OomWatch {
     file: PathBuf,
     baseline: u64,
-    /// A count above the baseline was seen.
+    /// A count above the baseline was seen in the container's own file.
     seen: bool,
+    /// The container's cgroup was gone and the parent counted a kill
+    /// beyond the siblings': ours, unless a sibling's came in that window.
+    seen_in_parent: bool,
     /// Modifications of memory.events (v2; v1's oom_control sends none).
     changes: Option<ModifiedWatch>,
     /// v2: the parent cgroup's memory.events.
@@ -72,6 +75,7 @@ impl OomWatch {
             file,
             baseline,
             seen: false,
+            seen_in_parent: false,
             changes,
             parent,
         })
@@ -114,21 +118,24 @@ impl OomWatch {
             // The container's cgroup is gone: what the parent counts
             // beyond the others (and our count so far) is ours.
             (None, Some(total), Some(p)) if total > p.others.saturating_add(self.baseline) => {
-                self.seen = true;
+                self.seen_in_parent = true;
             }
             _ => {}
         }
     }
 
     /// Whether the count went up since create, now or at any check before
-    /// (the file may be gone by now); stops watching.
-    pub fn oom_killed(&mut self) -> bool {
+    /// (the file may be gone by now); stops watching. A kill known only
+    /// from the parent's count is taken as ours only when the init died of
+    /// SIGKILL (`killed`): a sibling's kill in the moment after our cgroup
+    /// went must not turn an ordinary exit into OOMKilled.
+    pub fn oom_killed(&mut self, killed: bool) -> bool {
         self.check();
         self.changes = None;
         if let Some(p) = &mut self.parent {
             p.changes = None;
         }
-        self.seen
+        self.seen || (self.seen_in_parent && killed)
     }
 }
 
@@ -193,6 +200,7 @@ mod tests {
             file: PathBuf::new(),
             baseline,
             seen: false,
+            seen_in_parent: false,
             changes: None,
             parent: parent_others.map(|others| ParentCount {
                 file: PathBuf::new(),
@@ -216,7 +224,14 @@ mod tests {
         let mut w = watch(0, Some(2));
         w.observe(Some(0), Some(2));
         w.observe(None, Some(3));
-        assert!(w.seen);
+        assert!(w.seen_in_parent);
+        assert!(w.oom_killed(true));
+        // The same count with an ordinary exit: a sibling's kill in that
+        // moment, not ours.
+        let mut w = watch(0, Some(2));
+        w.observe(Some(0), Some(2));
+        w.observe(None, Some(3));
+        assert!(!w.oom_killed(false));
     }
 
     #[test]
@@ -227,7 +242,7 @@ mod tests {
         assert!(!w.seen);
         // Our cgroup gone, nothing new in the parent.
         w.observe(None, Some(4));
-        assert!(!w.seen);
+        assert!(!w.seen && !w.seen_in_parent);
         // Without a parent file nothing can be said once ours is gone.
         let mut w = watch(0, None);
         w.observe(None, None);
