@@ -84,6 +84,28 @@ fn time(us: f64) -> String {
 }
 
 impl Report {
+    /// Adds a single value (see [`Figure`]).
+    pub fn figure(&mut self, name: &str, endpoint: &str, value: f64, unit: &'static str) {
+        self.figures.push(Figure {
+            name: name.to_string(),
+            endpoint: endpoint.to_string(),
+            value,
+            unit,
+        });
+    }
+
+    /// The scenario `name` does not apply to `endpoint` (e.g. no such
+    /// runtime handler): reported as n/a, not as a failure.
+    pub fn not_applicable(&mut self, name: &str, endpoint: &str, why: &anyhow::Error) {
+        let reason = format!("{why:#}");
+        let reason = reason.lines().next().unwrap_or_default();
+        self.not_applicable.push(NotApplicable {
+            name: name.to_string(),
+            endpoint: endpoint.to_string(),
+            reason: reason.chars().take(160).collect(),
+        });
+    }
+
     /// Ratios A/B for every figure measured on A (n/a where B has none).
     pub fn compute_ratios(&mut self, a: &str, b: &str) {
         let mut ratios = Vec::new();
