@@ -3,7 +3,7 @@
 //! scenarios, and a generated ~100 MB, 5-layer image for the pull scenario.
 
 use anyhow::{Context, bail};
-use crust_tests::registry::{self, Blob, ImageSpec, LayerTar, TestImage};
+use crust_test_support::registry::{self, Blob, ImageSpec, LayerTar, TestImage};
 
 /// busybox with the applets the scenarios run (`sleep`, `true`, `sh`).
 pub fn busybox_image() -> anyhow::Result<TestImage> {

@@ -16,11 +16,11 @@ use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crust_tests::Daemon;
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::Code;
-use crust_tests::tonic::transport::Channel;
+use crust_test_support::Daemon;
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::Code;
+use crust_test_support::tonic::transport::Channel;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -246,7 +246,7 @@ async fn env() -> Env {
     }
 }
 
-use crust_tests::Pod;
+use crust_test_support::Pod;
 
 impl Env {
     /// A pod on the node's network (no CNI needed).
@@ -308,12 +308,12 @@ impl Env {
         &mut self,
         pod: &Pod,
         config: v1::ContainerConfig,
-    ) -> Result<String, crust_tests::tonic::Status> {
-        crust_tests::create_container(&mut self.rt, pod, config).await
+    ) -> Result<String, crust_test_support::tonic::Status> {
+        crust_test_support::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        crust_tests::run_container(&mut self.rt, pod, config).await
+        crust_test_support::run_container(&mut self.rt, pod, config).await
     }
 
     /// (exit code, stdout + stderr)

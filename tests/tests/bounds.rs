@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use crust_tests::crust_api::v1;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Status};
-use crust_tests::{Daemon, mounts_under};
+use crust_test_support::crust_api::v1;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Status};
+use crust_test_support::{Daemon, mounts_under};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Img = v1::image_service_client::ImageServiceClient<Channel>;

@@ -13,20 +13,20 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::Code;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, Need, process_alive, require};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::Code;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{Daemon, Need, process_alive, require};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
 fn systemd_driver() -> bool {
-    crust_tests::cgroup_driver() == "systemd"
+    crust_test_support::cgroup_driver() == "systemd"
 }
 
 fn cgroup_v2() -> bool {
-    crust_tests::require(Need::CgroupV2).is_none()
+    crust_test_support::require(Need::CgroupV2).is_none()
 }
 
 fn test_image() -> TestImage {
@@ -114,7 +114,7 @@ fn pod_config(name: &str) -> v1::PodSandboxConfig {
     }
 }
 
-use crust_tests::Pod;
+use crust_test_support::Pod;
 
 impl Env {
     async fn pod(&mut self, name: &str) -> Pod {
@@ -154,12 +154,12 @@ impl Env {
         &mut self,
         pod: &Pod,
         config: v1::ContainerConfig,
-    ) -> Result<String, crust_tests::tonic::Status> {
-        crust_tests::create_container(&mut self.rt, pod, config).await
+    ) -> Result<String, crust_test_support::tonic::Status> {
+        crust_test_support::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        crust_tests::run_container(&mut self.rt, pod, config).await
+        crust_test_support::run_container(&mut self.rt, pod, config).await
     }
 
     async fn sh(&mut self, id: &str, script: &str) -> i32 {
@@ -244,7 +244,7 @@ impl Env {
         &mut self,
         id: &str,
         resources: v1::LinuxContainerResources,
-    ) -> Result<(), crust_tests::tonic::Status> {
+    ) -> Result<(), crust_test_support::tonic::Status> {
         self.rt
             .update_container_resources(v1::UpdateContainerResourcesRequest {
                 container_id: id.into(),
@@ -356,7 +356,7 @@ fn unit_gone(unit: &str) -> bool {
 }
 
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(20));
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -808,7 +808,7 @@ async fn resize_in_place(handler: &'static str) {
             (4 * MIB).to_string()
         );
     } else {
-        crust_tests::skipped("the huge page part: the node has no hugetlb controller");
+        crust_test_support::skipped("the huge page part: the node has no hugetlb controller");
     }
 
     // Still the same process, still answering.
@@ -1004,7 +1004,7 @@ async fn a_killed_monitor_leaves_nothing(handler: &'static str) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(20));
     loop {
         let (st, _) = e.status(&id).await;
         if st.state == v1::ContainerState::ContainerExited as i32 {
@@ -1081,7 +1081,7 @@ fn the_systemd_driver_refuses_a_pid_namespace_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new("unshare")
         .args(["-p", "-f", "--mount-proc", "--kill-child"])
-        .arg(crust_tests::crust_bin())
+        .arg(crust_test_support::crust_bin())
         .args(["daemon", "--cgroup-driver", "systemd", "--socket"])
         .arg(dir.path().join("s.sock"))
         .arg("--root")
@@ -1093,7 +1093,7 @@ fn the_systemd_driver_refuses_a_pid_namespace_of_its_own() {
         .spawn()
         .expect("unshare");
     // A daemon that starts anyway serves until it is told to stop.
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(20));
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();

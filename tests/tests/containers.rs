@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::Code;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, TestNetwork, mounts_under};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::Code;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{Daemon, TestNetwork, mounts_under};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
@@ -143,7 +143,7 @@ impl Env {
         &mut self,
         pod: &(String, v1::PodSandboxConfig),
         config: v1::ContainerConfig,
-    ) -> Result<String, crust_tests::tonic::Status> {
+    ) -> Result<String, crust_test_support::tonic::Status> {
         self.rt
             .create_container(v1::CreateContainerRequest {
                 pod_sandbox_id: pod.0.clone(),
@@ -890,7 +890,7 @@ async fn a_killed_monitor_ends_its_container(handler: &str) {
     assert_eq!((st.exit_code, st.reason.as_str()), (255, "Error"), "{st:?}");
     assert!(st.message.contains("monitor"), "{st:?}");
     // The container's init is gone (or a zombie waiting for its new parent).
-    let gone = || !crust_tests::process_alive(pid);
+    let gone = || !crust_test_support::process_alive(pid);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !gone() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

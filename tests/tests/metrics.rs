@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, TestNetwork};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{Daemon, TestNetwork};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
@@ -417,7 +417,7 @@ async fn memory_and_cpu_of_a_busy_container() {
         }
         None => {
             // Absent, and said so: a counted skip of the PSI values.
-            crust_tests::skipped(&format!(
+            crust_test_support::skipped(&format!(
                 "PSI values: the kernel keeps no cpu.pressure for {cgroup} (a cgroup v1 container: PSI needs its cgroup on cgroup2)"
             ));
             assert!(psi.is_none(), "{psi:?}");

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use crust_nri::api;
 use crust_nri::testing::{Action, Behaviour, TestPlugin};
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, DaemonBuilder, TestNetwork, crust_bin, mounts_under};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{Daemon, DaemonBuilder, TestNetwork, crust_bin, mounts_under};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
@@ -96,7 +96,7 @@ impl Env {
         &mut self,
         name: &str,
         handler: &str,
-    ) -> Result<String, crust_tests::tonic::Status> {
+    ) -> Result<String, crust_test_support::tonic::Status> {
         self.rt
             .run_pod_sandbox(v1::RunPodSandboxRequest {
                 config: Some(pod_config(name)),
@@ -131,7 +131,7 @@ impl Env {
         &mut self,
         pod: &str,
         name: &str,
-    ) -> Result<String, crust_tests::tonic::Status> {
+    ) -> Result<String, crust_test_support::tonic::Status> {
         let config = self.container(name);
         self.rt
             .create_container(v1::CreateContainerRequest {

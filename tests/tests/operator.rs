@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::{v1, v1alpha2};
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Streaming};
-use crust_tests::{Daemon, TestNetwork, run_crust};
+use crust_test_support::crust_api::{v1, v1alpha2};
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Streaming};
+use crust_test_support::{Daemon, TestNetwork, run_crust};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -167,7 +167,7 @@ struct Env {
 }
 
 impl Env {
-    async fn start(builder: crust_tests::DaemonBuilder) -> Env {
+    async fn start(builder: crust_test_support::DaemonBuilder) -> Env {
         let reg = Registry::start();
         Pusher::new(&reg)
             .image("test/op", "v1", &test_image())
@@ -686,7 +686,7 @@ async fn only_root_may_change_the_log_level() {
     std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
     // A copy of the CLI that the user can run wherever the build is.
     let cli = d.temp_dir().join("crust-cli");
-    std::fs::copy(crust_tests::crust_bin(), &cli).unwrap();
+    std::fs::copy(crust_test_support::crust_bin(), &cli).unwrap();
     std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
     let as_nobody = |args: &[&str]| {
         std::process::Command::new(&cli)
@@ -1034,7 +1034,7 @@ async fn an_exit_while_the_daemon_was_down_is_an_event_after_restart() {
     assert!(status.success(), "{status}");
     // The container ends while no daemon runs.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while crust_tests::process_alive(pid) {
+    while crust_test_support::process_alive(pid) {
         assert!(Instant::now() < deadline, "the container did not exit");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

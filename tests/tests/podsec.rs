@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Status};
-use crust_tests::{Daemon, DaemonBuilder, Need, mounts_under, require};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Status};
+use crust_test_support::{Daemon, DaemonBuilder, Need, mounts_under, require};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Ic = v1::image_service_client::ImageServiceClient<Channel>;
@@ -92,7 +92,7 @@ async fn pull(ic: &mut Ic, image: &str) -> String {
     .image_ref
 }
 
-use crust_tests::Pod;
+use crust_test_support::Pod;
 
 impl Env {
     fn pod_config(&self, name: &str) -> v1::PodSandboxConfig {
@@ -178,11 +178,11 @@ impl Env {
     }
 
     async fn create(&mut self, pod: &Pod, config: v1::ContainerConfig) -> Result<String, Status> {
-        crust_tests::create_container(&mut self.rt, pod, config).await
+        crust_test_support::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        crust_tests::run_container(&mut self.rt, pod, config).await
+        crust_test_support::run_container(&mut self.rt, pod, config).await
     }
 
     async fn exec(&mut self, id: &str, cmd: &[&str]) -> (i32, String, String) {
@@ -649,7 +649,7 @@ async fn user_namespaces(handler: &str) {
     let mut e = env().await;
     // hostUsers: false pods have their own network (kubelet refuses host
     // network with a user namespace).
-    let _net = crust_tests::TestNetwork::install(&e.d, &[]);
+    let _net = crust_test_support::TestNetwork::install(&e.d, &[]);
     let status =
         e.rt.status(v1::StatusRequest { verbose: false })
             .await

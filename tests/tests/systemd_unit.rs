@@ -24,9 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::{connect, crust_bin, mounts_under, process_alive};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::{connect, crust_bin, mounts_under, process_alive};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 const UNIT: &str = "crust-unit-test.service";

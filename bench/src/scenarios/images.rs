@@ -37,7 +37,7 @@ pub async fn image_pull(
         let cold = big_image(layers, per_layer, seed);
         // Same layers, another config: a pull with every layer present.
         let mut warm_spec_layers = cold.layers.clone();
-        let warm = crust_tests::registry::build(crust_tests::registry::ImageSpec {
+        let warm = crust_test_support::registry::build(crust_test_support::registry::ImageSpec {
             layers: std::mem::take(&mut warm_spec_layers),
             cmd: &["sh", "-c", "true"],
             ..Default::default()
