@@ -135,3 +135,80 @@ pub fn container_config(
 pub fn handler_label(h: &str) -> &str {
     if h.is_empty() { "default" } else { h }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn network_of(c: &v1::PodSandboxConfig) -> i32 {
+        c.linux
+            .as_ref()
+            .unwrap()
+            .security_context
+            .as_ref()
+            .unwrap()
+            .namespace_options
+            .as_ref()
+            .unwrap()
+            .network
+    }
+
+    #[test]
+    fn names_are_unique_and_pods_recognised_as_own() {
+        let f = Fixtures::new("/crust-bench-test".into());
+        let (a, b) = (f.pod_name(), f.pod_name());
+        assert_ne!(a, b);
+        let c = f.pod_config(&a, true);
+        assert!(f.is_own_pod(c.metadata.as_ref().unwrap()));
+        let foreign = v1::PodSandboxMetadata {
+            name: a.clone(),
+            namespace: "default".into(),
+            ..Default::default()
+        };
+        assert!(!f.is_own_pod(&foreign));
+        let other_bench = v1::PodSandboxMetadata {
+            name: "bench-1-0".into(),
+            namespace: NAMESPACE.into(),
+            ..Default::default()
+        };
+        assert_eq!(f.is_own_pod(&other_bench), std::process::id() == 1);
+    }
+
+    #[test]
+    fn pods_get_the_runs_cgroup_parent_and_kubelets_namespaces() {
+        let f = Fixtures::new("/crust-bench-test".into());
+        let host = f.pod_config("p", true);
+        assert_eq!(
+            host.linux.as_ref().unwrap().cgroup_parent,
+            "/crust-bench-test"
+        );
+        assert_eq!(
+            host.hostname, "",
+            "a host-network pod keeps the node's hostname"
+        );
+        assert_eq!(network_of(&host), v1::NamespaceMode::Node as i32);
+        let cni = f.pod_config("p", false);
+        assert_eq!(cni.hostname, "p");
+        assert_eq!(network_of(&cni), v1::NamespaceMode::Pod as i32);
+        assert!(cni.log_directory.starts_with(f.log_root.to_str().unwrap()));
+    }
+
+    #[test]
+    fn a_container_follows_its_pods_network_mode() {
+        let f = Fixtures::new(String::new());
+        for host in [true, false] {
+            let pod = f.pod_config("p", host);
+            let c = container_config("c", "img", &pod);
+            let ns = c
+                .linux
+                .unwrap()
+                .security_context
+                .unwrap()
+                .namespace_options
+                .unwrap();
+            assert_eq!(ns.network, network_of(&pod));
+        }
+        assert_eq!(handler_label(""), "default");
+        assert_eq!(handler_label("runc"), "runc");
+    }
+}

@@ -152,3 +152,24 @@ pub fn monitor_tree(monitor: u32, container_id: &str) -> Vec<(u32, String)> {
     }
     tree.into_iter().map(|p| (p, comm(p))).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        let (rss, hwm) = proc_rss(me).expect("VmRSS and VmHWM");
+        assert!(rss > 0.0 && hwm >= rss);
+        assert!(cpu_secs(me).is_some());
+        assert!(!comm(me).is_empty());
+        assert!(proc_rss(u32::MAX).is_none(), "no such process");
+    }
+
+    #[test]
+    fn no_cgroup_parent_holds_no_pod() {
+        assert!(!in_cgroup_below(std::process::id(), ""));
+        assert!(!in_cgroup_below(std::process::id(), "/"));
+    }
+}

@@ -222,3 +222,29 @@ impl Report {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_applicable_keeps_the_first_line_of_the_reason_clipped() {
+        let mut r = Report::default();
+        let why = anyhow::anyhow!("{}\nsecond line", "x".repeat(300));
+        r.not_applicable("ctr[embedded]", "containerd", &why);
+        assert_eq!(r.not_applicable[0].reason, "x".repeat(160));
+        r.figure("daemon rss idle", "crust", 1.0, "KiB");
+        assert_eq!(r.figures[0].unit, "KiB");
+    }
+
+    #[test]
+    fn ratios_are_a_over_b_and_na_where_b_has_none() {
+        let mut r = Report::default();
+        r.figure("f", "a", 4.0, "ms");
+        r.figure("f", "b", 2.0, "ms");
+        r.figure("only a", "a", 1.0, "ms");
+        r.compute_ratios("a", "b");
+        assert_eq!(r.ratios[0].median_a_over_b, Some(2.0));
+        assert_eq!(r.ratios[1].median_a_over_b, None);
+    }
+}

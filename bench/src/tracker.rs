@@ -40,3 +40,26 @@ impl Tracker {
 fn lock(list: &Mutex<Vec<String>>) -> std::sync::MutexGuard<'_, Vec<String>> {
     list.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Tracker;
+
+    #[test]
+    fn a_removed_pod_is_not_cleaned_up_again() {
+        let t = Tracker::default();
+        t.pod_created("a");
+        t.pod_created("b");
+        t.pod_removed("a");
+        assert_eq!(t.take_pods(), ["b"]);
+        assert!(t.take_pods().is_empty(), "taken pods are forgotten");
+    }
+
+    #[test]
+    fn pulled_images_are_taken_once() {
+        let t = Tracker::default();
+        t.image_pulled("sha256:1".into());
+        assert_eq!(t.take_images(), ["sha256:1"]);
+        assert!(t.take_images().is_empty());
+    }
+}
