@@ -9,34 +9,21 @@ use crust_test_support::registry::{self, Blob, ImageSpec, LayerTar, TestImage};
 pub fn busybox_image() -> anyhow::Result<TestImage> {
     let busybox = std::fs::read(registry::BUSYBOX)
         .with_context(|| format!("reading {} (busybox-static)", registry::BUSYBOX))?;
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "sleep", "true", "ls", "cat", "echo"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let tar = tar
+    let tar = LayerTar::new()
+        .busybox(&busybox, &["sh", "sleep", "true", "ls", "cat", "echo"])
         .dir("etc/")
         .file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
         .file("etc/group", b"root:x:0:\n")
         .dir("tmp/")
         .finish();
-    Ok(registry::build(ImageSpec {
-        layers: vec![registry::gzip(&tar)],
-        cmd: &["sleep", "3600"],
-        ..Default::default()
-    }))
+    Ok(registry::one_layer_image(&tar, &["sleep", "3600"]))
 }
 
 /// A pod sandbox image: `binary` (static) as /pause, its command.
 pub fn pause_image(binary: &std::path::Path) -> anyhow::Result<TestImage> {
     let bin = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
     let tar = LayerTar::new().file_mode("pause", &bin, 0o755).finish();
-    Ok(registry::build(ImageSpec {
-        layers: vec![registry::gzip(&tar)],
-        cmd: &["/pause"],
-        ..Default::default()
-    }))
+    Ok(registry::one_layer_image(&tar, &["/pause"]))
 }
 
 /// `layers` layers of `mib_per_layer` MiB of incompressible data each (one

@@ -16,11 +16,13 @@ use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crust_test_support::Daemon;
 use crust_test_support::crust_api::v1;
 use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{
+    Daemon, WithImage, container_config, daemon_with_image, pod_metadata, run_pod,
+};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -188,14 +190,7 @@ fn loaded(name: &str) -> bool {
 
 /// busybox with the applets the tests use.
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "cat", "sleep", "touch", "mount", "mkdir", "echo"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar
+    let layer = busybox_with(&["sh", "cat", "sleep", "touch", "mount", "mkdir", "echo"])
         .dir("etc/")
         .file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
         .file("etc/group", b"root:x:0:\n")
@@ -203,11 +198,7 @@ fn test_image() -> TestImage {
         .dir("data/")
         .dir("mnt/")
         .finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -219,23 +210,11 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/aa", "v1", &test_image())
-        .await;
-    let d = Daemon::start().await;
-    let image = format!("{}/test/aa:v1", reg.host);
-    d.image_v1()
-        .await
-        .pull_image(v1::PullImageRequest {
-            image: Some(v1::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull the test image");
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(Daemon::builder(), "test/aa", &test_image()).await;
     let rt = d.runtime_v1().await;
     Env {
         rt,
@@ -252,12 +231,7 @@ impl Env {
     /// A pod on the node's network (no CNI needed).
     async fn pod(&mut self, name: &str, handler: &str, privileged: bool) -> Pod {
         let config = v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-test".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-test"),
             log_directory: self.logs.path().join(name).display().to_string(),
             linux: Some(v1::LinuxPodSandboxConfig {
                 security_context: Some(v1::LinuxSandboxSecurityContext {
@@ -272,35 +246,16 @@ impl Env {
             }),
             ..Default::default()
         };
-        let id = self
-            .rt
-            .run_pod_sandbox(v1::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: handler.into(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        (id, config)
+        run_pod(&mut self.rt, config, handler).await
     }
 
     fn container(&self, name: &str, sc: v1::LinuxContainerSecurityContext) -> v1::ContainerConfig {
         v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
-            log_path: format!("{name}.log"),
             linux: Some(v1::LinuxContainerConfig {
                 security_context: Some(sc),
                 ..Default::default()
             }),
-            ..Default::default()
+            ..container_config(name, &self.image)
         }
     }
 

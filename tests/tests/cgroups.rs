@@ -17,7 +17,10 @@ use crust_test_support::crust_api::v1;
 use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
-use crust_test_support::{Daemon, Need, process_alive, require};
+use crust_test_support::{
+    Daemon, Need, WithImage, container_config, daemon_with_image, pod_metadata, process_alive,
+    require, run_pod,
+};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
@@ -30,19 +33,10 @@ fn cgroup_v2() -> bool {
 }
 
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "cat", "sleep", "head", "true", "dd"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar.dir("tmp/").finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    let layer = busybox_with(&["sh", "cat", "sleep", "head", "true", "dd"])
+        .dir("tmp/")
+        .finish();
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -54,31 +48,17 @@ struct Env {
 }
 
 async fn env(handler: &'static str) -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/cg", "v1", &test_image())
-        .await;
     let driver = if systemd_driver() {
         "systemd"
     } else {
         "cgroupfs"
     };
-    let d = Daemon::builder()
-        .config(&format!("cgroup_driver = \"{driver}\""))
-        .start()
-        .await;
-    let image = format!("{}/test/cg:v1", reg.host);
-    d.image_v1()
-        .await
-        .pull_image(v1::PullImageRequest {
-            image: Some(v1::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull the test image");
+    let builder = Daemon::builder().config(&format!("cgroup_driver = \"{driver}\""));
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(builder, "test/cg", &test_image()).await;
     let rt = d.runtime_v1().await;
     Env {
         d,
@@ -93,12 +73,7 @@ async fn env(handler: &'static str) -> Env {
 /// process, in the pod's cgroup or slice too).
 fn pod_config(name: &str) -> v1::PodSandboxConfig {
     v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "crust-test-cgroups".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata(name, "crust-test-cgroups"),
         linux: Some(v1::LinuxPodSandboxConfig {
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 namespace_options: Some(v1::NamespaceOption {
@@ -118,35 +93,17 @@ use crust_test_support::Pod;
 
 impl Env {
     async fn pod(&mut self, name: &str) -> Pod {
-        let config = pod_config(name);
-        let id = self
-            .rt
-            .run_pod_sandbox(v1::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: self.handler.into(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        (id, config)
+        run_pod(&mut self.rt, pod_config(name), self.handler).await
     }
 
     fn container(&self, name: &str, resources: v1::LinuxContainerResources) -> v1::ContainerConfig {
         v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
+            log_path: String::new(),
             linux: Some(v1::LinuxContainerConfig {
                 resources: Some(resources),
                 security_context: Some(v1::LinuxContainerSecurityContext::default()),
             }),
-            ..Default::default()
+            ..container_config(name, &self.image)
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crust_test_support::crust_api::{v1, v1alpha2};
 use crust_test_support::tonic::Code;
-use crust_test_support::{Daemon, Need, cgroup_driver, require, run_crust};
+use crust_test_support::{Daemon, Need, cgroup_driver, pod_metadata, require, run_crust};
 use nix::sys::signal::Signal;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -479,12 +479,7 @@ async fn a_full_root_makes_the_runtime_not_ready_until_there_is_room() {
     let mut rt = d.runtime_v1().await;
     let pod = |name: &str| v1::RunPodSandboxRequest {
         config: Some(v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-test".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-test"),
             linux: Some(v1::LinuxPodSandboxConfig {
                 security_context: Some(v1::LinuxSandboxSecurityContext {
                     namespace_options: Some(v1::NamespaceOption {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crust_linux::ns::{self, NamespaceKind};
 use crust_test_support::crust_api::{v1, v1alpha2};
 use crust_test_support::tonic::{Code, Status, transport::Channel};
-use crust_test_support::{Daemon, TestNetwork, iptables_save, mounts_under};
+use crust_test_support::{Daemon, TestNetwork, iptables_save, mounts_under, pod_metadata};
 use serde_json::Value;
 
 type Runtime = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -82,12 +82,7 @@ fn cgroup_dirs(rel: &str) -> Vec<PathBuf> {
 
 fn pod_config(name: &str, parent: &CgroupParent) -> v1::PodSandboxConfig {
     v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "crust-test".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata(name, "crust-test"),
         labels: HashMap::from([("test".to_string(), name.to_string())]),
         linux: Some(v1::LinuxPodSandboxConfig {
             cgroup_parent: parent.0.clone(),

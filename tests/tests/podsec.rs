@@ -11,37 +11,29 @@ use crust_test_support::crust_api::v1;
 use crust_test_support::registry::*;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::tonic::{Code, Status};
-use crust_test_support::{Daemon, DaemonBuilder, Need, mounts_under, require};
+use crust_test_support::{
+    Daemon, DaemonBuilder, Need, WithImage, container_config, daemon_with_image, mounts_under,
+    pod_metadata, pull_image, require,
+};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Ic = v1::image_service_client::ImageServiceClient<Channel>;
 
 /// busybox with a user `app` (1000) that /etc/group puts in `extra` (50000).
 fn base_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in [
+    let layer = busybox_with(&[
         "sh", "cat", "id", "sleep", "echo", "touch", "ls", "stat", "mkdir", "true", "env",
-    ] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar
-        .dir("etc/")
-        .file(
-            "etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n",
-        )
-        .file("etc/group", b"root:x:0:\napp:x:1000:\nextra:x:50000:app\n")
-        .dir("tmp/")
-        .dir("data/")
-        .finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    ])
+    .dir("etc/")
+    .file(
+        "etc/passwd",
+        b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n",
+    )
+    .file("etc/group", b"root:x:0:\napp:x:1000:\nextra:x:50000:app\n")
+    .dir("tmp/")
+    .dir("data/")
+    .finish();
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -55,14 +47,12 @@ struct Env {
 }
 
 async fn env_with(builder: DaemonBuilder) -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/base", "v1", &base_image())
-        .await;
-    let d = builder.start().await;
-    let image = format!("{}/test/base:v1", reg.host);
-    let mut ic = d.image_v1().await;
-    pull(&mut ic, &image).await;
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(builder, "test/base", &base_image()).await;
+    let ic = d.image_v1().await;
     let rt = d.runtime_v1().await;
     Env {
         rt,
@@ -78,31 +68,12 @@ async fn env() -> Env {
     env_with(Daemon::builder()).await
 }
 
-async fn pull(ic: &mut Ic, image: &str) -> String {
-    ic.pull_image(v1::PullImageRequest {
-        image: Some(v1::ImageSpec {
-            image: image.into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("pull {image}: {e}"))
-    .into_inner()
-    .image_ref
-}
-
 use crust_test_support::Pod;
 
 impl Env {
     fn pod_config(&self, name: &str) -> v1::PodSandboxConfig {
         v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-test".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-test"),
             hostname: format!("host-{name}"),
             log_directory: self.logs.path().join(name).display().to_string(),
             linux: Some(v1::LinuxPodSandboxConfig {
@@ -159,22 +130,7 @@ impl Env {
     }
 
     fn container(&self, name: &str) -> v1::ContainerConfig {
-        v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
-            log_path: format!("{name}.log"),
-            linux: Some(v1::LinuxContainerConfig {
-                security_context: Some(v1::LinuxContainerSecurityContext::default()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        container_config(name, &self.image)
     }
 
     async fn create(&mut self, pod: &Pod, config: v1::ContainerConfig) -> Result<String, Status> {
@@ -393,8 +349,8 @@ async fn image_volumes(handler: &str) {
     reg.image("test/one", "v1", &one).await;
     let two_ref = format!("{}/test/artifact:v1", e.reg.host);
     let one_ref = format!("{}/test/one:v1", e.reg.host);
-    let two_id = pull(&mut e.ic, &two_ref).await;
-    pull(&mut e.ic, &one_ref).await;
+    let two_id = pull_image(&mut e.ic, &two_ref).await;
+    pull_image(&mut e.ic, &one_ref).await;
     assert_eq!(two_id, two.id());
     let pod = e.pod("imgvol", handler).await;
 

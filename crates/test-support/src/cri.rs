@@ -1,7 +1,71 @@
-//! CRI calls many suites make the same way.
+//! CRI calls and configs many suites make the same way.
 
 use crust_api::v1;
 use tonic::transport::Channel;
+
+type RuntimeClient = v1::runtime_service_client::RuntimeServiceClient<Channel>;
+type ImageClient = v1::image_service_client::ImageServiceClient<Channel>;
+
+/// A pod's metadata as the suites name their pods: uid `uid-<name>`,
+/// attempt 0.
+pub fn pod_metadata(name: &str, namespace: &str) -> Option<v1::PodSandboxMetadata> {
+    Some(v1::PodSandboxMetadata {
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        namespace: namespace.into(),
+        attempt: 0,
+    })
+}
+
+/// RunPodSandbox of `config` with `handler`; panics with the error.
+pub async fn run_pod(rt: &mut RuntimeClient, config: v1::PodSandboxConfig, handler: &str) -> Pod {
+    let id = rt
+        .run_pod_sandbox(v1::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: handler.into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
+        .into_inner()
+        .pod_sandbox_id;
+    (id, config)
+}
+
+/// A container `name` of `image` with its log at `<name>.log` and a
+/// default Linux security context; suites override what they test.
+pub fn container_config(name: &str, image: &str) -> v1::ContainerConfig {
+    v1::ContainerConfig {
+        metadata: Some(v1::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(v1::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        log_path: format!("{name}.log"),
+        linux: Some(v1::LinuxContainerConfig {
+            security_context: Some(v1::LinuxContainerSecurityContext::default()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// PullImage of `image`; the image ref. Panics with the error.
+pub async fn pull_image(ic: &mut ImageClient, image: &str) -> String {
+    ic.pull_image(v1::PullImageRequest {
+        image: Some(v1::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("pull {image}: {e}"))
+    .into_inner()
+    .image_ref
+}
 
 /// A pod as the tests hold it: its id and the config it was run with
 /// (CreateContainer repeats the config).
@@ -9,7 +73,7 @@ pub type Pod = (String, v1::PodSandboxConfig);
 
 /// CreateContainer of `config` in `pod`.
 pub async fn create_container(
-    rt: &mut v1::runtime_service_client::RuntimeServiceClient<Channel>,
+    rt: &mut RuntimeClient,
     pod: &Pod,
     config: v1::ContainerConfig,
 ) -> Result<String, tonic::Status> {
@@ -24,7 +88,7 @@ pub async fn create_container(
 
 /// CreateContainer and StartContainer; panics with the failing RPC.
 pub async fn run_container(
-    rt: &mut v1::runtime_service_client::RuntimeServiceClient<Channel>,
+    rt: &mut RuntimeClient,
     pod: &Pod,
     config: v1::ContainerConfig,
 ) -> String {

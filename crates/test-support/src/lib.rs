@@ -3,7 +3,9 @@
 //! runs it ([`daemon`]), counted skips ([`skip`]), what the run says
 //! through its environment ([`run_env`]), CRI calls many suites make
 //! ([`cri`]), CNI networks of a test's own ([`network`]), host probes
-//! ([`host`]) and a real registry with image builders ([`registry`]).
+//! ([`host`]), a real registry with image builders ([`registry`]), and
+//! the start most suites share: a daemon that pulled a test image from a
+//! registry ([`setup`]).
 //! Everything but [`registry`] is re-exported at the crate root.
 
 pub mod cri;
@@ -12,6 +14,7 @@ pub mod host;
 pub mod network;
 pub mod registry;
 pub mod run_env;
+pub mod setup;
 pub mod skip;
 
 pub use cri::*;
@@ -19,6 +22,7 @@ pub use daemon::{Daemon, DaemonBuilder, connect, run_crust};
 pub use host::*;
 pub use network::*;
 pub use run_env::{CGROUP_DRIVER_ENV, SLOWDOWN_ENV, cgroup_driver, crust_bin, patience};
+pub use setup::{WithImage, daemon_with_image};
 pub use skip::{Need, SkipReason, report_skip, require, skipped};
 
 pub use crust_api;

@@ -101,6 +101,16 @@ impl LayerTar {
         self.add(h, b"")
     }
 
+    /// /bin/busybox (the bytes of busybox-static) with `applets` linked to
+    /// it in /bin.
+    pub fn busybox(self, busybox: &[u8], applets: &[&str]) -> Self {
+        let mut tar = self.dir("bin/").file_mode("bin/busybox", busybox, 0o755);
+        for applet in applets {
+            tar = tar.symlink(&format!("bin/{applet}"), "busybox");
+        }
+        tar
+    }
+
     pub fn finish(self) -> Vec<u8> {
         self.0.into_inner().unwrap()
     }
@@ -157,6 +167,23 @@ pub fn busybox_tar() -> Vec<u8> {
 
 pub fn busybox_layer() -> Blob {
     gzip(&busybox_tar())
+}
+
+/// The start of a test image's root file system: busybox-static as
+/// /bin/busybox and `applets` linked to it in /bin. The test adds the rest
+/// (/etc, /tmp ...) and calls [`LayerTar::finish`].
+pub fn busybox_with(applets: &[&str]) -> LayerTar {
+    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
+    LayerTar::new().busybox(&busybox, applets)
+}
+
+/// An image of one gzip layer that runs `cmd`.
+pub fn one_layer_image(layer: &[u8], cmd: &[&str]) -> TestImage {
+    build(ImageSpec {
+        layers: vec![gzip(layer)],
+        cmd,
+        ..ImageSpec::default()
+    })
 }
 
 /// A built image: its blobs, config and manifest.
