@@ -82,7 +82,7 @@ test-vm: deps-test deps-vm
 vm-shell: deps-vm
 	hack/vm/shell.sh
 
-# cargo's own report, then the counts with self-reported skips (tests/src
+# cargo's own report, then the counts with self-reported skips (crust-test-support
 # require!) told apart from passes.
 # The crash test's random-delay kills (CRUST_KILL_TRIALS per RPC) are off in
 # make test: a kill inside the bridge plugin's DEL can leave its ipMasq
