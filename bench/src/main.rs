@@ -36,8 +36,8 @@ use target::Target;
 
 async fn push_test_image(registry: &str) -> anyhow::Result<()> {
     let img = push::busybox_image()?;
-    push::Pusher::new(registry)
-        .image("crust-bench/busybox", "latest", &img)
+    push::pusher(registry)
+        .try_image("crust-bench/busybox", "latest", &img)
         .await?;
     println!("{registry}/crust-bench/busybox:latest");
     Ok(())
@@ -50,8 +50,8 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::PushTestImage { registry }) => return push_test_image(registry).await,
         Some(Command::PushPauseImage { registry, binary }) => {
             let img = push::pause_image(binary)?;
-            push::Pusher::new(registry)
-                .image("crust-bench/pause", "3.9", &img)
+            push::pusher(registry)
+                .try_image("crust-bench/pause", "3.9", &img)
                 .await?;
             println!("{registry}/crust-bench/pause:3.9");
             return Ok(());

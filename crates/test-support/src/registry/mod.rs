@@ -11,5 +11,5 @@ mod server;
 
 pub use archive::{docker_save, oci_layout};
 pub use image::*;
-pub use push::Pusher;
+pub use push::{PushError, Pusher};
 pub use server::{Registry, RegistryAuth, free_port};
