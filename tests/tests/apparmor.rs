@@ -21,7 +21,8 @@ use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::{
-    Daemon, WithImage, container_config, daemon_with_image, pod_metadata, run_pod,
+    Daemon, WithImage, container_config, container_status, daemon_with_image, exec_sync,
+    pod_metadata, run_pod,
 };
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
@@ -273,36 +274,12 @@ impl Env {
 
     /// (exit code, stdout + stderr)
     async fn sh(&mut self, id: &str, script: &str) -> (i32, String) {
-        let r = self
-            .rt
-            .exec_sync(v1::ExecSyncRequest {
-                container_id: id.into(),
-                cmd: vec!["sh".into(), "-c".into(), script.into()],
-                timeout: 30,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e}"))
-            .into_inner();
-        (
-            r.exit_code,
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&r.stdout),
-                String::from_utf8_lossy(&r.stderr)
-            ),
-        )
+        let (code, out, err) = exec_sync(&mut self.rt, id, &["sh", "-c", script], 30).await;
+        (code, format!("{out}{err}"))
     }
 
     async fn status(&mut self, id: &str) -> (v1::ContainerStatus, serde_json::Value) {
-        let r = self
-            .rt
-            .container_status(v1::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
-            .into_inner();
+        let r = container_status(&mut self.rt, id).await;
         let info = r
             .info
             .get("info")

@@ -18,8 +18,8 @@ use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::{
-    Daemon, Need, WithImage, container_config, daemon_with_image, pod_metadata, process_alive,
-    require, run_pod,
+    Daemon, Need, WithImage, container_config, container_status, daemon_with_image, exec_sync,
+    pod_metadata, process_alive, require, run_pod,
 };
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -120,28 +120,13 @@ impl Env {
     }
 
     async fn sh(&mut self, id: &str, script: &str) -> i32 {
-        self.rt
-            .exec_sync(v1::ExecSyncRequest {
-                container_id: id.into(),
-                cmd: vec!["sh".into(), "-c".into(), script.into()],
-                timeout: 60,
-            })
+        exec_sync(&mut self.rt, id, &["sh", "-c", script], 60)
             .await
-            .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e}"))
-            .into_inner()
-            .exit_code
+            .0
     }
 
     async fn status(&mut self, id: &str) -> (v1::ContainerStatus, serde_json::Value) {
-        let r = self
-            .rt
-            .container_status(v1::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
-            .into_inner();
+        let r = container_status(&mut self.rt, id).await;
         let info = r
             .info
             .get("info")

@@ -12,8 +12,8 @@ use crust_test_support::registry::*;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::tonic::{Code, Status};
 use crust_test_support::{
-    Daemon, DaemonBuilder, Need, WithImage, container_config, daemon_with_image, mounts_under,
-    pod_metadata, pull_image, require,
+    Daemon, DaemonBuilder, Need, WithImage, container_config, container_status, daemon_with_image,
+    exec_sync, mounts_under, pod_metadata, pull_image, require,
 };
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -142,21 +142,7 @@ impl Env {
     }
 
     async fn exec(&mut self, id: &str, cmd: &[&str]) -> (i32, String, String) {
-        let r = self
-            .rt
-            .exec_sync(v1::ExecSyncRequest {
-                container_id: id.into(),
-                cmd: cmd.iter().map(|s| s.to_string()).collect(),
-                timeout: 20,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
-            .into_inner();
-        (
-            r.exit_code,
-            String::from_utf8_lossy(&r.stdout).into_owned(),
-            String::from_utf8_lossy(&r.stderr).into_owned(),
-        )
+        exec_sync(&mut self.rt, id, cmd, 20).await
     }
 
     async fn sh(&mut self, id: &str, script: &str) -> (i32, String) {
@@ -165,15 +151,7 @@ impl Env {
     }
 
     async fn status(&mut self, id: &str) -> (v1::ContainerStatus, HashMap<String, String>) {
-        let r = self
-            .rt
-            .container_status(v1::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
-            .into_inner();
+        let r = container_status(&mut self.rt, id).await;
         (r.status.unwrap(), r.info)
     }
 

@@ -102,3 +102,38 @@ pub async fn run_container(
     .unwrap_or_else(|e| panic!("StartContainer: {e}"));
     id
 }
+
+/// ExecSync of `cmd` in container `id`: (exit code, stdout, stderr).
+/// Panics with the error.
+pub async fn exec_sync(
+    rt: &mut RuntimeClient,
+    id: &str,
+    cmd: &[&str],
+    timeout_secs: i64,
+) -> (i32, String, String) {
+    let r = rt
+        .exec_sync(v1::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout: timeout_secs,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
+        .into_inner();
+    (
+        r.exit_code,
+        String::from_utf8_lossy(&r.stdout).into_owned(),
+        String::from_utf8_lossy(&r.stderr).into_owned(),
+    )
+}
+
+/// Verbose ContainerStatus of `id`. Panics with the error.
+pub async fn container_status(rt: &mut RuntimeClient, id: &str) -> v1::ContainerStatusResponse {
+    rt.container_status(v1::ContainerStatusRequest {
+        container_id: id.into(),
+        verbose: true,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
+    .into_inner()
+}
