@@ -10,6 +10,7 @@ use tonic::transport::Endpoint;
 
 use crate::client::{Client, ImageClient, Pod, RuntimeClient};
 use crate::fixtures::Fixtures;
+use crate::stats::Report;
 
 pub struct Target {
     pub name: String,
@@ -84,6 +85,14 @@ impl Target {
     /// The container image, once pulled.
     pub fn image(&self) -> anyhow::Result<String> {
         self.image.clone().context("no image")
+    }
+
+    /// The scenario `name` does not apply to this target (e.g. it has no
+    /// such runtime handler): reported as n/a, and the target is left out
+    /// of it (`skip`).
+    pub fn not_applicable(&mut self, report: &mut Report, name: &str, why: &anyhow::Error) {
+        report.not_applicable(name, &self.name, why);
+        self.skip = true;
     }
 
     /// Removes the scenario's fixture pod (and so its containers).

@@ -83,7 +83,7 @@ pub async fn containers(
         for t in targets.iter_mut() {
             match t.client.run_pod(handler, true).await {
                 Ok(pod) => t.pod = Some(pod),
-                Err(e) => super::not_applicable(report, &format!("ctr[{h}]"), t, &e),
+                Err(e) => t.not_applicable(report, &format!("ctr[{h}]"), &e),
             }
         }
         let op = Op::Container {

@@ -40,7 +40,7 @@ pub async fn metrics(
             for t in targets.iter_mut() {
                 // containerd 1.x has no metrics RPCs.
                 if let Err(e) = once(t, &Op::ListPodSandboxMetrics).await {
-                    super::not_applicable(report, "ListPodSandboxMetrics", t, &e);
+                    t.not_applicable(report, "ListPodSandboxMetrics", &e);
                 }
             }
             if targets.iter().any(|t| !t.skip) {

@@ -94,10 +94,3 @@ async fn run_scenarios(
     }
     Ok(())
 }
-
-/// The scenario `name` does not apply to the target: reported as n/a, and
-/// the target is left out of it (`skip`).
-fn not_applicable(report: &mut Report, name: &str, t: &mut Target, why: &anyhow::Error) {
-    report.not_applicable(name, &t.name, why);
-    t.skip = true;
-}
