@@ -82,7 +82,7 @@ test-vm: deps-test deps-vm
 vm-shell: deps-vm
 	hack/vm/shell.sh
 
-# cargo's own report, then the counts with self-reported skips (tests/src
+# cargo's own report, then the counts with self-reported skips (crust-test-support
 # require!) told apart from passes.
 # The crash test kills the daemon at every named crash point and at
 # CRUST_KILL_TRIALS (default 2) random moments into each RPC; the seed it

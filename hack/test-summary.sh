@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Summarises libtest output (cargo test's, or hack/vm/test.sh's log of one
 # pass): counts per result, with tests that reported themselves skipped
-# (a "SKIPPED: <test>: <reason>" line, see tests/src/lib.rs `require!`)
+# (a "SKIPPED: <test>: <reason>" line, see crates/test-support/src/skip.rs `require!`)
 # counted as skipped, not passed, and test binaries that ended without a
 # result (crash, timeout) counted as crashed. Lists failures and skips.
 #

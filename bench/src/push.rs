@@ -1,42 +1,30 @@
-//! Builds the bench's images and pushes them to a local registry
-//! (plain http on 127.0.0.1): a busybox-static image for the container
-//! scenarios, and a generated ~100 MB, 5-layer image for the pull scenario.
+//! Builds the bench's images, pushed to a local registry (plain http on
+//! 127.0.0.1) with the tests' push client: a busybox-static image for the
+//! container scenarios, and a generated ~100 MB, 5-layer image for the pull
+//! scenario.
 
-use anyhow::{Context, bail};
-use crust_tests::registry::{self, Blob, ImageSpec, LayerTar, TestImage};
+use anyhow::Context;
+use crust_test_support::registry::{self, Blob, ImageSpec, LayerTar, Pusher, TestImage};
 
 /// busybox with the applets the scenarios run (`sleep`, `true`, `sh`).
 pub fn busybox_image() -> anyhow::Result<TestImage> {
     let busybox = std::fs::read(registry::BUSYBOX)
         .with_context(|| format!("reading {} (busybox-static)", registry::BUSYBOX))?;
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "sleep", "true", "ls", "cat", "echo"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let tar = tar
+    let tar = LayerTar::new()
+        .busybox(&busybox, &["sh", "sleep", "true", "ls", "cat", "echo"])
         .dir("etc/")
         .file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
         .file("etc/group", b"root:x:0:\n")
         .dir("tmp/")
         .finish();
-    Ok(registry::build(ImageSpec {
-        layers: vec![registry::gzip(&tar)],
-        cmd: &["sleep", "3600"],
-        ..Default::default()
-    }))
+    Ok(registry::one_layer_image(&tar, &["sleep", "3600"]))
 }
 
 /// A pod sandbox image: `binary` (static) as /pause, its command.
 pub fn pause_image(binary: &std::path::Path) -> anyhow::Result<TestImage> {
     let bin = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
     let tar = LayerTar::new().file_mode("pause", &bin, 0o755).finish();
-    Ok(registry::build(ImageSpec {
-        layers: vec![registry::gzip(&tar)],
-        cmd: &["/pause"],
-        ..Default::default()
-    }))
+    Ok(registry::one_layer_image(&tar, &["/pause"]))
 }
 
 /// `layers` layers of `mib_per_layer` MiB of incompressible data each (one
@@ -68,78 +56,9 @@ pub fn big_image(layers: usize, mib_per_layer: usize, seed: u64) -> TestImage {
     })
 }
 
-pub struct Pusher {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Pusher {
-    pub fn new(registry: &str) -> Pusher {
-        Pusher {
-            http: reqwest::Client::new(),
-            base: format!("http://{registry}"),
-        }
-    }
-
-    async fn blob(&self, repo: &str, bytes: &[u8]) -> anyhow::Result<()> {
-        let digest = registry::sha(bytes);
-        let head = self
-            .http
-            .head(format!("{}/v2/{repo}/blobs/{digest}", self.base))
-            .send()
-            .await?;
-        if head.status().is_success() {
-            return Ok(());
-        }
-        let resp = self
-            .http
-            .post(format!("{}/v2/{repo}/blobs/uploads/", self.base))
-            .send()
-            .await
-            .context("starting a blob upload")?;
-        if resp.status() != 202 {
-            bail!("start upload: {} {}", resp.status(), resp.text().await?);
-        }
-        let location = resp
-            .headers()
-            .get("location")
-            .context("upload without location")?
-            .to_str()?
-            .to_string();
-        let location = if location.starts_with('/') {
-            format!("{}{location}", self.base)
-        } else {
-            location
-        };
-        let sep = if location.contains('?') { '&' } else { '?' };
-        let resp = self
-            .http
-            .put(format!("{location}{sep}digest={digest}"))
-            .header("content-type", "application/octet-stream")
-            .body(bytes.to_vec())
-            .send()
-            .await?;
-        if resp.status() != 201 {
-            bail!("upload: {} {}", resp.status(), resp.text().await?);
-        }
-        Ok(())
-    }
-
-    pub async fn image(&self, repo: &str, tag: &str, img: &TestImage) -> anyhow::Result<()> {
-        for l in &img.layers {
-            self.blob(repo, &l.bytes).await?;
-        }
-        self.blob(repo, &img.config).await?;
-        let resp = self
-            .http
-            .put(format!("{}/v2/{repo}/manifests/{tag}", self.base))
-            .header("content-type", img.manifest_type)
-            .body(img.manifest.clone())
-            .send()
-            .await?;
-        if resp.status() != 201 {
-            bail!("manifest: {} {}", resp.status(), resp.text().await?);
-        }
-        Ok(())
-    }
+/// The push client of the bench: the tests' one, reporting failures, and
+/// leaving out blobs the registry has (the pull scenario's second image
+/// shares its layers with the first).
+pub fn pusher(registry: &str) -> Pusher {
+    Pusher::for_host(registry).skip_existing()
 }

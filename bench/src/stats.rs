@@ -84,6 +84,28 @@ fn time(us: f64) -> String {
 }
 
 impl Report {
+    /// Adds a single value (see [`Figure`]).
+    pub fn figure(&mut self, name: &str, endpoint: &str, value: f64, unit: &'static str) {
+        self.figures.push(Figure {
+            name: name.to_string(),
+            endpoint: endpoint.to_string(),
+            value,
+            unit,
+        });
+    }
+
+    /// The scenario `name` does not apply to `endpoint` (e.g. no such
+    /// runtime handler): reported as n/a, not as a failure.
+    pub fn not_applicable(&mut self, name: &str, endpoint: &str, why: &anyhow::Error) {
+        let reason = format!("{why:#}");
+        let reason = reason.lines().next().unwrap_or_default();
+        self.not_applicable.push(NotApplicable {
+            name: name.to_string(),
+            endpoint: endpoint.to_string(),
+            reason: reason.chars().take(160).collect(),
+        });
+    }
+
     /// Ratios A/B for every figure measured on A (n/a where B has none).
     pub fn compute_ratios(&mut self, a: &str, b: &str) {
         let mut ratios = Vec::new();
@@ -198,5 +220,31 @@ impl Report {
         for n in &self.notes {
             println!("note: {n}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_applicable_keeps_the_first_line_of_the_reason_clipped() {
+        let mut r = Report::default();
+        let why = anyhow::anyhow!("{}\nsecond line", "x".repeat(300));
+        r.not_applicable("ctr[embedded]", "containerd", &why);
+        assert_eq!(r.not_applicable[0].reason, "x".repeat(160));
+        r.figure("daemon rss idle", "crust", 1.0, "KiB");
+        assert_eq!(r.figures[0].unit, "KiB");
+    }
+
+    #[test]
+    fn ratios_are_a_over_b_and_na_where_b_has_none() {
+        let mut r = Report::default();
+        r.figure("f", "a", 4.0, "ms");
+        r.figure("f", "b", 2.0, "ms");
+        r.figure("only a", "a", 1.0, "ms");
+        r.compute_ratios("a", "b");
+        assert_eq!(r.ratios[0].median_a_over_b, Some(2.0));
+        assert_eq!(r.ratios[1].median_a_over_b, None);
     }
 }

@@ -16,11 +16,14 @@ use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crust_tests::Daemon;
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::Code;
-use crust_tests::tonic::transport::Channel;
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::Code;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{
+    Daemon, WithImage, container_config, container_status, daemon_with_image, exec_sync,
+    pod_metadata, run_pod,
+};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -188,14 +191,7 @@ fn loaded(name: &str) -> bool {
 
 /// busybox with the applets the tests use.
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "cat", "sleep", "touch", "mount", "mkdir", "echo"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar
+    let layer = busybox_with(&["sh", "cat", "sleep", "touch", "mount", "mkdir", "echo"])
         .dir("etc/")
         .file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
         .file("etc/group", b"root:x:0:\n")
@@ -203,11 +199,7 @@ fn test_image() -> TestImage {
         .dir("data/")
         .dir("mnt/")
         .finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -219,23 +211,11 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/aa", "v1", &test_image())
-        .await;
-    let d = Daemon::start().await;
-    let image = format!("{}/test/aa:v1", reg.host);
-    d.image_v1()
-        .await
-        .pull_image(v1::PullImageRequest {
-            image: Some(v1::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull the test image");
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(Daemon::builder(), "test/aa", &test_image()).await;
     let rt = d.runtime_v1().await;
     Env {
         rt,
@@ -246,18 +226,13 @@ async fn env() -> Env {
     }
 }
 
-use crust_tests::Pod;
+use crust_test_support::Pod;
 
 impl Env {
     /// A pod on the node's network (no CNI needed).
     async fn pod(&mut self, name: &str, handler: &str, privileged: bool) -> Pod {
         let config = v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-test".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-test"),
             log_directory: self.logs.path().join(name).display().to_string(),
             linux: Some(v1::LinuxPodSandboxConfig {
                 security_context: Some(v1::LinuxSandboxSecurityContext {
@@ -272,35 +247,16 @@ impl Env {
             }),
             ..Default::default()
         };
-        let id = self
-            .rt
-            .run_pod_sandbox(v1::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: handler.into(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        (id, config)
+        run_pod(&mut self.rt, config, handler).await
     }
 
     fn container(&self, name: &str, sc: v1::LinuxContainerSecurityContext) -> v1::ContainerConfig {
         v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
-            log_path: format!("{name}.log"),
             linux: Some(v1::LinuxContainerConfig {
                 security_context: Some(sc),
                 ..Default::default()
             }),
-            ..Default::default()
+            ..container_config(name, &self.image)
         }
     }
 
@@ -308,46 +264,22 @@ impl Env {
         &mut self,
         pod: &Pod,
         config: v1::ContainerConfig,
-    ) -> Result<String, crust_tests::tonic::Status> {
-        crust_tests::create_container(&mut self.rt, pod, config).await
+    ) -> Result<String, crust_test_support::tonic::Status> {
+        crust_test_support::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        crust_tests::run_container(&mut self.rt, pod, config).await
+        crust_test_support::run_container(&mut self.rt, pod, config).await
     }
 
     /// (exit code, stdout + stderr)
     async fn sh(&mut self, id: &str, script: &str) -> (i32, String) {
-        let r = self
-            .rt
-            .exec_sync(v1::ExecSyncRequest {
-                container_id: id.into(),
-                cmd: vec!["sh".into(), "-c".into(), script.into()],
-                timeout: 30,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e}"))
-            .into_inner();
-        (
-            r.exit_code,
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&r.stdout),
-                String::from_utf8_lossy(&r.stderr)
-            ),
-        )
+        let (code, out, err) = exec_sync(&mut self.rt, id, &["sh", "-c", script], 30).await;
+        (code, format!("{out}{err}"))
     }
 
     async fn status(&mut self, id: &str) -> (v1::ContainerStatus, serde_json::Value) {
-        let r = self
-            .rt
-            .container_status(v1::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
-            .into_inner();
+        let r = container_status(&mut self.rt, id).await;
         let info = r
             .info
             .get("info")

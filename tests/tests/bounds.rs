@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use crust_tests::crust_api::v1;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Status};
-use crust_tests::{Daemon, mounts_under};
+use crust_test_support::crust_api::v1;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Status};
+use crust_test_support::{Daemon, mounts_under, pod_metadata};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Img = v1::image_service_client::ImageServiceClient<Channel>;
@@ -27,12 +27,7 @@ fn many(n: usize, each: &str) -> Vec<String> {
 
 fn pod_config() -> v1::PodSandboxConfig {
     v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: "bounds".into(),
-            uid: "uid-bounds".into(),
-            namespace: "crust-test".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata("bounds", "crust-test"),
         linux: Some(v1::LinuxPodSandboxConfig {
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 namespace_options: Some(v1::NamespaceOption {

@@ -13,36 +13,30 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::Code;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, Need, process_alive, require};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::Code;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{
+    Daemon, Need, WithImage, container_config, container_status, daemon_with_image, exec_sync,
+    pod_metadata, process_alive, require, run_pod,
+};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
 fn systemd_driver() -> bool {
-    crust_tests::cgroup_driver() == "systemd"
+    crust_test_support::cgroup_driver() == "systemd"
 }
 
 fn cgroup_v2() -> bool {
-    crust_tests::require(Need::CgroupV2).is_none()
+    crust_test_support::require(Need::CgroupV2).is_none()
 }
 
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "cat", "sleep", "head", "true", "dd"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar.dir("tmp/").finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    let layer = busybox_with(&["sh", "cat", "sleep", "head", "true", "dd"])
+        .dir("tmp/")
+        .finish();
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -54,31 +48,17 @@ struct Env {
 }
 
 async fn env(handler: &'static str) -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/cg", "v1", &test_image())
-        .await;
     let driver = if systemd_driver() {
         "systemd"
     } else {
         "cgroupfs"
     };
-    let d = Daemon::builder()
-        .config(&format!("cgroup_driver = \"{driver}\""))
-        .start()
-        .await;
-    let image = format!("{}/test/cg:v1", reg.host);
-    d.image_v1()
-        .await
-        .pull_image(v1::PullImageRequest {
-            image: Some(v1::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull the test image");
+    let builder = Daemon::builder().config(&format!("cgroup_driver = \"{driver}\""));
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(builder, "test/cg", &test_image()).await;
     let rt = d.runtime_v1().await;
     Env {
         d,
@@ -93,12 +73,7 @@ async fn env(handler: &'static str) -> Env {
 /// process, in the pod's cgroup or slice too).
 fn pod_config(name: &str) -> v1::PodSandboxConfig {
     v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "crust-test-cgroups".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata(name, "crust-test-cgroups"),
         linux: Some(v1::LinuxPodSandboxConfig {
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 namespace_options: Some(v1::NamespaceOption {
@@ -114,39 +89,21 @@ fn pod_config(name: &str) -> v1::PodSandboxConfig {
     }
 }
 
-use crust_tests::Pod;
+use crust_test_support::Pod;
 
 impl Env {
     async fn pod(&mut self, name: &str) -> Pod {
-        let config = pod_config(name);
-        let id = self
-            .rt
-            .run_pod_sandbox(v1::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: self.handler.into(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        (id, config)
+        run_pod(&mut self.rt, pod_config(name), self.handler).await
     }
 
     fn container(&self, name: &str, resources: v1::LinuxContainerResources) -> v1::ContainerConfig {
         v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
+            log_path: String::new(),
             linux: Some(v1::LinuxContainerConfig {
                 resources: Some(resources),
                 security_context: Some(v1::LinuxContainerSecurityContext::default()),
             }),
-            ..Default::default()
+            ..container_config(name, &self.image)
         }
     }
 
@@ -154,37 +111,22 @@ impl Env {
         &mut self,
         pod: &Pod,
         config: v1::ContainerConfig,
-    ) -> Result<String, crust_tests::tonic::Status> {
-        crust_tests::create_container(&mut self.rt, pod, config).await
+    ) -> Result<String, crust_test_support::tonic::Status> {
+        crust_test_support::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        crust_tests::run_container(&mut self.rt, pod, config).await
+        crust_test_support::run_container(&mut self.rt, pod, config).await
     }
 
     async fn sh(&mut self, id: &str, script: &str) -> i32 {
-        self.rt
-            .exec_sync(v1::ExecSyncRequest {
-                container_id: id.into(),
-                cmd: vec!["sh".into(), "-c".into(), script.into()],
-                timeout: 60,
-            })
+        exec_sync(&mut self.rt, id, &["sh", "-c", script], 60)
             .await
-            .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e}"))
-            .into_inner()
-            .exit_code
+            .0
     }
 
     async fn status(&mut self, id: &str) -> (v1::ContainerStatus, serde_json::Value) {
-        let r = self
-            .rt
-            .container_status(v1::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
-            .into_inner();
+        let r = container_status(&mut self.rt, id).await;
         let info = r
             .info
             .get("info")
@@ -244,7 +186,7 @@ impl Env {
         &mut self,
         id: &str,
         resources: v1::LinuxContainerResources,
-    ) -> Result<(), crust_tests::tonic::Status> {
+    ) -> Result<(), crust_test_support::tonic::Status> {
         self.rt
             .update_container_resources(v1::UpdateContainerResourcesRequest {
                 container_id: id.into(),
@@ -356,7 +298,7 @@ fn unit_gone(unit: &str) -> bool {
 }
 
 async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(20));
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -808,7 +750,7 @@ async fn resize_in_place(handler: &'static str) {
             (4 * MIB).to_string()
         );
     } else {
-        crust_tests::skipped("the huge page part: the node has no hugetlb controller");
+        crust_test_support::skipped("the huge page part: the node has no hugetlb controller");
     }
 
     // Still the same process, still answering.
@@ -1004,7 +946,7 @@ async fn a_killed_monitor_leaves_nothing(handler: &'static str) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(20));
     loop {
         let (st, _) = e.status(&id).await;
         if st.state == v1::ContainerState::ContainerExited as i32 {
@@ -1081,7 +1023,7 @@ fn the_systemd_driver_refuses_a_pid_namespace_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new("unshare")
         .args(["-p", "-f", "--mount-proc", "--kill-child"])
-        .arg(crust_tests::crust_bin())
+        .arg(crust_test_support::crust_bin())
         .args(["daemon", "--cgroup-driver", "systemd", "--socket"])
         .arg(dir.path().join("s.sock"))
         .arg("--root")
@@ -1093,7 +1035,7 @@ fn the_systemd_driver_refuses_a_pid_namespace_of_its_own() {
         .spawn()
         .expect("unshare");
     // A daemon that starts anyway serves until it is told to stop.
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(20));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(20));
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();

@@ -6,44 +6,36 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::Code;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, TestNetwork, mounts_under};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::Code;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{
+    Daemon, Pod, TestNetwork, WithImage, container_config, container_status, create_container,
+    daemon_with_image, exec_sync, mounts_under, pod_metadata, run_container, run_pod,
+};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
 /// busybox with the applets the tests use, a user and groups.
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in [
+    let layer = busybox_with(&[
         "sh", "cat", "id", "sleep", "echo", "touch", "unshare", "head", "wc", "grep", "hostname",
         "env", "pwd", "true", "tr", "ls", "printf", "mkdir", "pidof",
-    ] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar
-        .dir("etc/")
-        .file(
-            "etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/bin/sh\n",
-        )
-        .file(
-            "etc/group",
-            b"root:x:0:\nwww-data:x:33:\ngroup:x:1004:www-data\n",
-        )
-        .dir("tmp/")
-        .dir("data/")
-        .finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    ])
+    .dir("etc/")
+    .file(
+        "etc/passwd",
+        b"root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/bin/sh\n",
+    )
+    .file(
+        "etc/group",
+        b"root:x:0:\nwww-data:x:33:\ngroup:x:1004:www-data\n",
+    )
+    .dir("tmp/")
+    .dir("data/")
+    .finish();
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -57,21 +49,11 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let reg = Registry::start();
-    let img = test_image();
-    Pusher::new(&reg).image("test/ctr", "v1", &img).await;
-    let d = Daemon::start().await;
-    let image = format!("{}/test/ctr:v1", reg.host);
-    let mut ic = d.image_v1().await;
-    ic.pull_image(v1::PullImageRequest {
-        image: Some(v1::ImageSpec {
-            image: image.clone(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await
-    .expect("pull the test image");
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(Daemon::builder(), "test/ctr", &test_image()).await;
     let net = TestNetwork::install(&d, &[]);
     let rt = d.runtime_v1().await;
     Env {
@@ -86,12 +68,7 @@ async fn env() -> Env {
 
 fn pod_config(name: &str, logs: &Path) -> v1::PodSandboxConfig {
     v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "crust-test".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata(name, "crust-test"),
         hostname: format!("host-{name}"),
         log_directory: logs.join(name).display().to_string(),
         dns_config: Some(v1::DnsConfig {
@@ -105,89 +82,28 @@ fn pod_config(name: &str, logs: &Path) -> v1::PodSandboxConfig {
 }
 
 impl Env {
-    async fn pod(&mut self, name: &str, handler: &str) -> (String, v1::PodSandboxConfig) {
-        let config = pod_config(name, self.logs.path());
-        let id = self
-            .rt
-            .run_pod_sandbox(v1::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: handler.into(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        (id, config)
+    async fn pod(&mut self, name: &str, handler: &str) -> Pod {
+        run_pod(&mut self.rt, pod_config(name, self.logs.path()), handler).await
     }
 
     fn container(&self, name: &str) -> v1::ContainerConfig {
-        v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
-            log_path: format!("{name}.log"),
-            linux: Some(v1::LinuxContainerConfig {
-                security_context: Some(v1::LinuxContainerSecurityContext::default()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        container_config(name, &self.image)
     }
 
     async fn create(
         &mut self,
-        pod: &(String, v1::PodSandboxConfig),
+        pod: &Pod,
         config: v1::ContainerConfig,
-    ) -> Result<String, crust_tests::tonic::Status> {
-        self.rt
-            .create_container(v1::CreateContainerRequest {
-                pod_sandbox_id: pod.0.clone(),
-                config: Some(config),
-                sandbox_config: Some(pod.1.clone()),
-            })
-            .await
-            .map(|r| r.into_inner().container_id)
+    ) -> Result<String, crust_test_support::tonic::Status> {
+        create_container(&mut self.rt, pod, config).await
     }
 
-    async fn run(
-        &mut self,
-        pod: &(String, v1::PodSandboxConfig),
-        config: v1::ContainerConfig,
-    ) -> String {
-        let id = self
-            .create(pod, config)
-            .await
-            .unwrap_or_else(|e| panic!("CreateContainer: {e}"));
-        self.rt
-            .start_container(v1::StartContainerRequest {
-                container_id: id.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("StartContainer: {e}"));
-        id
+    async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
+        run_container(&mut self.rt, pod, config).await
     }
 
     async fn exec(&mut self, id: &str, cmd: &[&str]) -> (i32, String, String) {
-        let r = self
-            .rt
-            .exec_sync(v1::ExecSyncRequest {
-                container_id: id.into(),
-                cmd: cmd.iter().map(|s| s.to_string()).collect(),
-                timeout: 20,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
-            .into_inner();
-        (
-            r.exit_code,
-            String::from_utf8_lossy(&r.stdout).into_owned(),
-            String::from_utf8_lossy(&r.stderr).into_owned(),
-        )
+        exec_sync(&mut self.rt, id, cmd, 20).await
     }
 
     async fn sh(&mut self, id: &str, script: &str) -> (i32, String) {
@@ -196,15 +112,7 @@ impl Env {
     }
 
     async fn status(&mut self, id: &str) -> (v1::ContainerStatus, HashMap<String, String>) {
-        let r = self
-            .rt
-            .container_status(v1::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
-            .into_inner();
+        let r = container_status(&mut self.rt, id).await;
         (r.status.unwrap(), r.info)
     }
 
@@ -890,7 +798,7 @@ async fn a_killed_monitor_ends_its_container(handler: &str) {
     assert_eq!((st.exit_code, st.reason.as_str()), (255, "Error"), "{st:?}");
     assert!(st.message.contains("monitor"), "{st:?}");
     // The container's init is gone (or a zombie waiting for its new parent).
-    let gone = || !crust_tests::process_alive(pid);
+    let gone = || !crust_test_support::process_alive(pid);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !gone() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -30,11 +30,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Status};
-use crust_tests::{Daemon, TestNetwork, iptables_save, mounts_under, process_alive};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Status};
+use crust_test_support::{Daemon, TestNetwork, iptables_save, mounts_under, process_alive};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Img = v1::image_service_client::ImageServiceClient<Channel>;

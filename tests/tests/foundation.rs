@@ -5,9 +5,9 @@
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::time::Duration;
 
-use crust_tests::crust_api::{v1, v1alpha2};
-use crust_tests::tonic::Code;
-use crust_tests::{Daemon, Need, cgroup_driver, require, run_crust};
+use crust_test_support::crust_api::{v1, v1alpha2};
+use crust_test_support::tonic::Code;
+use crust_test_support::{Daemon, Need, cgroup_driver, pod_metadata, require, run_crust};
 use nix::sys::signal::Signal;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -327,14 +327,15 @@ fn parent_dirs_of_the_socket_are_created() {
     // parent is several levels deep and does not exist yet.
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("a/b/c/crust.sock");
-    let mut child = std::process::Command::new(crust_tests::crust_bin())
+    let mut child = std::process::Command::new(crust_test_support::crust_bin())
         .args(["daemon", "--socket", socket.to_str().unwrap()])
         .args(["--root", dir.path().join("root").to_str().unwrap()])
         .args(["--run-dir", dir.path().join("run").to_str().unwrap()])
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + crust_tests::patience(Duration::from_secs(10));
+    let deadline =
+        std::time::Instant::now() + crust_test_support::patience(Duration::from_secs(10));
     while !socket.exists() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -478,12 +479,7 @@ async fn a_full_root_makes_the_runtime_not_ready_until_there_is_room() {
     let mut rt = d.runtime_v1().await;
     let pod = |name: &str| v1::RunPodSandboxRequest {
         config: Some(v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-test".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-test"),
             linux: Some(v1::LinuxPodSandboxConfig {
                 security_context: Some(v1::LinuxSandboxSecurityContext {
                     namespace_options: Some(v1::NamespaceOption {

@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crust_tests::crust_api::{v1, v1alpha2};
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Request};
-use crust_tests::{Daemon, run_crust};
+use crust_test_support::crust_api::{v1, v1alpha2};
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Request};
+use crust_test_support::{Daemon, run_crust};
 
 type ImageClient = v1::image_service_client::ImageServiceClient<Channel>;
 
@@ -33,7 +33,10 @@ fn spec(image: &str) -> Option<v1::ImageSpec> {
     })
 }
 
-async fn pull(c: &mut ImageClient, image: &str) -> Result<String, crust_tests::tonic::Status> {
+async fn pull(
+    c: &mut ImageClient,
+    image: &str,
+) -> Result<String, crust_test_support::tonic::Status> {
     c.pull_image(v1::PullImageRequest {
         image: spec(image),
         auth: None,

@@ -6,29 +6,23 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, TestNetwork};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{
+    Daemon, TestNetwork, WithImage, container_config, daemon_with_image, pod_metadata,
+    run_container, run_pod,
+};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
 const MIB: u64 = 1 << 20;
 
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "sleep", "head", "tr", "cat", "true"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar.dir("tmp/").finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    let layer = busybox_with(&["sh", "sleep", "head", "tr", "cat", "true"])
+        .dir("tmp/")
+        .finish();
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -41,23 +35,11 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/metrics", "v1", &test_image())
-        .await;
-    let d = Daemon::start().await;
-    let image = format!("{}/test/metrics:v1", reg.host);
-    d.image_v1()
-        .await
-        .pull_image(v1::PullImageRequest {
-            image: Some(v1::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull the test image");
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(Daemon::builder(), "test/metrics", &test_image()).await;
     let net = TestNetwork::install(&d, &[]);
     let rt = d.runtime_v1().await;
     Env {
@@ -82,26 +64,11 @@ impl Env {
             });
         }
         let config = v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-metrics".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-metrics"),
             linux: Some(linux),
             ..Default::default()
         };
-        let id = self
-            .rt
-            .run_pod_sandbox(v1::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: String::new(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        (id, config)
+        run_pod(&mut self.rt, config, "").await
     }
 
     async fn run(
@@ -111,36 +78,12 @@ impl Env {
         cmd: &[&str],
     ) -> String {
         let config = v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
             command: cmd.iter().map(|s| s.to_string()).collect(),
+            log_path: String::new(),
             linux: Some(v1::LinuxContainerConfig::default()),
-            ..Default::default()
+            ..container_config(name, &self.image)
         };
-        let id = self
-            .rt
-            .create_container(v1::CreateContainerRequest {
-                pod_sandbox_id: pod.0.clone(),
-                config: Some(config),
-                sandbox_config: Some(pod.1.clone()),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("CreateContainer: {e}"))
-            .into_inner()
-            .container_id;
-        self.rt
-            .start_container(v1::StartContainerRequest {
-                container_id: id.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("StartContainer: {e}"));
-        id
+        run_container(&mut self.rt, pod, config).await
     }
 
     async fn container_stats(&mut self, id: &str) -> v1::ContainerStats {
@@ -417,7 +360,7 @@ async fn memory_and_cpu_of_a_busy_container() {
         }
         None => {
             // Absent, and said so: a counted skip of the PSI values.
-            crust_tests::skipped(&format!(
+            crust_test_support::skipped(&format!(
                 "PSI values: the kernel keeps no cpu.pressure for {cgroup} (a cgroup v1 container: PSI needs its cgroup on cgroup2)"
             ));
             assert!(psi.is_none(), "{psi:?}");

@@ -9,31 +9,26 @@ use std::time::{Duration, Instant};
 
 use crust_nri::api;
 use crust_nri::testing::{Action, Behaviour, TestPlugin};
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, DaemonBuilder, TestNetwork, crust_bin, mounts_under};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{
+    Daemon, DaemonBuilder, TestNetwork, WithImage, container_config, crust_bin, daemon_with_image,
+    mounts_under, pod_metadata,
+};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 
 const WAIT: Duration = Duration::from_secs(20);
 
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let layer = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755)
-        .symlink("bin/sh", "busybox")
+    let layer = busybox_with(&["sh"])
         .dir("etc/")
         .file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
         .file("etc/group", b"root:x:0:\n")
         .dir("tmp/")
         .finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["busybox", "sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    one_layer_image(&layer, &["busybox", "sleep", "1000"])
 }
 
 struct Env {
@@ -46,23 +41,11 @@ struct Env {
 }
 
 async fn env_with(builder: DaemonBuilder) -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/nri", "v1", &test_image())
-        .await;
-    let d = builder.start().await;
-    let image = format!("{}/test/nri:v1", reg.host);
-    d.image_v1()
-        .await
-        .pull_image(v1::PullImageRequest {
-            image: Some(v1::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("pull the test image");
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(builder, "test/nri", &test_image()).await;
     let net = TestNetwork::install(&d, &[]);
     let rt = d.runtime_v1().await;
     Env {
@@ -80,12 +63,7 @@ async fn env() -> Env {
 
 fn pod_config(name: &str) -> v1::PodSandboxConfig {
     v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "crust-nri-test".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata(name, "crust-nri-test"),
         linux: Some(v1::LinuxPodSandboxConfig::default()),
         ..Default::default()
     }
@@ -96,7 +74,7 @@ impl Env {
         &mut self,
         name: &str,
         handler: &str,
-    ) -> Result<String, crust_tests::tonic::Status> {
+    ) -> Result<String, crust_test_support::tonic::Status> {
         self.rt
             .run_pod_sandbox(v1::RunPodSandboxRequest {
                 config: Some(pod_config(name)),
@@ -114,16 +92,9 @@ impl Env {
 
     fn container(&self, name: &str) -> v1::ContainerConfig {
         v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
+            log_path: String::new(),
             linux: Some(v1::LinuxContainerConfig::default()),
-            ..Default::default()
+            ..container_config(name, &self.image)
         }
     }
 
@@ -131,7 +102,7 @@ impl Env {
         &mut self,
         pod: &str,
         name: &str,
-    ) -> Result<String, crust_tests::tonic::Status> {
+    ) -> Result<String, crust_test_support::tonic::Status> {
         let config = self.container(name);
         self.rt
             .create_container(v1::CreateContainerRequest {

@@ -13,11 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::{v1, v1alpha2};
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Streaming};
-use crust_tests::{Daemon, TestNetwork, run_crust};
+use crust_test_support::crust_api::{v1, v1alpha2};
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Streaming};
+use crust_test_support::{
+    Daemon, TestNetwork, container_config, pod_metadata, pull_image, run_crust, run_pod,
+};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -144,18 +146,8 @@ impl Scrape {
 }
 
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in ["sh", "sleep", "true"] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    build(ImageSpec {
-        layers: vec![gzip(&tar.dir("tmp/").finish())],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    let layer = busybox_with(&["sh", "sleep", "true"]).dir("tmp/").finish();
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 /// A daemon with the test image in a local registry (not pulled yet).
@@ -167,7 +159,7 @@ struct Env {
 }
 
 impl Env {
-    async fn start(builder: crust_tests::DaemonBuilder) -> Env {
+    async fn start(builder: crust_test_support::DaemonBuilder) -> Env {
         let reg = Registry::start();
         Pusher::new(&reg)
             .image("test/op", "v1", &test_image())
@@ -179,29 +171,13 @@ impl Env {
     }
 
     async fn pull(&self) {
-        self.d
-            .image_v1()
-            .await
-            .pull_image(v1::PullImageRequest {
-                image: Some(v1::ImageSpec {
-                    image: self.image.clone(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("pull the test image");
+        pull_image(&mut self.d.image_v1().await, &self.image).await;
     }
 
     /// A pod on the host network (no CNI).
     async fn host_pod(&mut self, name: &str) -> (String, v1::PodSandboxConfig) {
         let config = v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-operator-test".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-operator-test"),
             linux: Some(v1::LinuxPodSandboxConfig {
                 security_context: Some(v1::LinuxSandboxSecurityContext {
                     namespace_options: Some(v1::NamespaceOption {
@@ -218,32 +194,15 @@ impl Env {
     }
 
     async fn run_pod(&mut self, config: v1::PodSandboxConfig) -> (String, v1::PodSandboxConfig) {
-        let id = self
-            .rt
-            .run_pod_sandbox(v1::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: String::new(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        (id, config)
+        run_pod(&mut self.rt, config, "").await
     }
 
     fn container(&self, name: &str, cmd: &[&str]) -> v1::ContainerConfig {
         v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
             command: cmd.iter().map(|s| s.to_string()).collect(),
+            log_path: String::new(),
             linux: Some(v1::LinuxContainerConfig::default()),
-            ..Default::default()
+            ..container_config(name, &self.image)
         }
     }
 
@@ -686,7 +645,7 @@ async fn only_root_may_change_the_log_level() {
     std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
     // A copy of the CLI that the user can run wherever the build is.
     let cli = d.temp_dir().join("crust-cli");
-    std::fs::copy(crust_tests::crust_bin(), &cli).unwrap();
+    std::fs::copy(crust_test_support::crust_bin(), &cli).unwrap();
     std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
     let as_nobody = |args: &[&str]| {
         std::process::Command::new(&cli)
@@ -1034,7 +993,7 @@ async fn an_exit_while_the_daemon_was_down_is_an_event_after_restart() {
     assert!(status.success(), "{status}");
     // The container ends while no daemon runs.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while crust_tests::process_alive(pid) {
+    while crust_test_support::process_alive(pid) {
         assert!(Instant::now() < deadline, "the container did not exit");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crust_linux::ns::{self, NamespaceKind};
-use crust_tests::crust_api::{v1, v1alpha2};
-use crust_tests::tonic::{Code, Status, transport::Channel};
-use crust_tests::{Daemon, TestNetwork, iptables_save, mounts_under};
+use crust_test_support::crust_api::{v1, v1alpha2};
+use crust_test_support::tonic::{Code, Status, transport::Channel};
+use crust_test_support::{Daemon, TestNetwork, iptables_save, mounts_under, pod_metadata};
 use serde_json::Value;
 
 type Runtime = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -129,12 +129,7 @@ fn cgroup_dirs(rel: &str) -> Vec<PathBuf> {
 
 fn pod_config(name: &str, parent: &CgroupParent) -> v1::PodSandboxConfig {
     v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "crust-test".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata(name, "crust-test"),
         labels: HashMap::from([("test".to_string(), name.to_string())]),
         linux: Some(v1::LinuxPodSandboxConfig {
             cgroup_parent: parent.for_pod(),
@@ -1201,7 +1196,7 @@ fi"#,
 
     // The bridge has attached the pod; the daemon dies during the next
     // plugin's ADD (the bridge takes longer on a slow machine).
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(30));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(30));
     while !pid_file.exists() {
         if pending.is_finished() {
             panic!(
@@ -1220,7 +1215,7 @@ fi"#,
     // runs on to race the recovery.
     let plugin_pid: i32 = read(&pid_file).trim().parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while crust_tests::process_alive(plugin_pid) {
+    while crust_test_support::process_alive(plugin_pid) {
         if Instant::now() > deadline {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(plugin_pid),
@@ -1294,7 +1289,7 @@ async fn a_cni_pod_whose_namespaces_are_gone_is_removed_and_its_address_released
     for mount in mounts_under(&d.run_dir).into_iter().rev() {
         nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
     }
-    crust_tests::remove_iptables_rules_mentioning(&net.name);
+    crust_test_support::remove_iptables_rules_mentioning(&net.name);
     let pin = d.run_dir.join("pods").join(&id).join("ns/net");
     assert!(pin.is_file() && !ns::is_pinned(&pin));
     d.start_again().await;

@@ -7,41 +7,33 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::tonic::{Code, Status};
-use crust_tests::{Daemon, DaemonBuilder, Need, mounts_under, require};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::tonic::{Code, Status};
+use crust_test_support::{
+    Daemon, DaemonBuilder, Need, WithImage, container_config, container_status, daemon_with_image,
+    exec_sync, mounts_under, pod_metadata, pull_image, require,
+};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Ic = v1::image_service_client::ImageServiceClient<Channel>;
 
 /// busybox with a user `app` (1000) that /etc/group puts in `extra` (50000).
 fn base_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let mut tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755);
-    for applet in [
+    let layer = busybox_with(&[
         "sh", "cat", "id", "sleep", "echo", "touch", "ls", "stat", "mkdir", "true", "env",
-    ] {
-        tar = tar.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    let layer = tar
-        .dir("etc/")
-        .file(
-            "etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n",
-        )
-        .file("etc/group", b"root:x:0:\napp:x:1000:\nextra:x:50000:app\n")
-        .dir("tmp/")
-        .dir("data/")
-        .finish();
-    build(ImageSpec {
-        layers: vec![gzip(&layer)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    ])
+    .dir("etc/")
+    .file(
+        "etc/passwd",
+        b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n",
+    )
+    .file("etc/group", b"root:x:0:\napp:x:1000:\nextra:x:50000:app\n")
+    .dir("tmp/")
+    .dir("data/")
+    .finish();
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 struct Env {
@@ -55,14 +47,12 @@ struct Env {
 }
 
 async fn env_with(builder: DaemonBuilder) -> Env {
-    let reg = Registry::start();
-    Pusher::new(&reg)
-        .image("test/base", "v1", &base_image())
-        .await;
-    let d = builder.start().await;
-    let image = format!("{}/test/base:v1", reg.host);
-    let mut ic = d.image_v1().await;
-    pull(&mut ic, &image).await;
+    let WithImage {
+        daemon: d,
+        registry: reg,
+        image,
+    } = daemon_with_image(builder, "test/base", &base_image()).await;
+    let ic = d.image_v1().await;
     let rt = d.runtime_v1().await;
     Env {
         rt,
@@ -78,31 +68,12 @@ async fn env() -> Env {
     env_with(Daemon::builder()).await
 }
 
-async fn pull(ic: &mut Ic, image: &str) -> String {
-    ic.pull_image(v1::PullImageRequest {
-        image: Some(v1::ImageSpec {
-            image: image.into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("pull {image}: {e}"))
-    .into_inner()
-    .image_ref
-}
-
-use crust_tests::Pod;
+use crust_test_support::Pod;
 
 impl Env {
     fn pod_config(&self, name: &str) -> v1::PodSandboxConfig {
         v1::PodSandboxConfig {
-            metadata: Some(v1::PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "crust-test".into(),
-                attempt: 0,
-            }),
+            metadata: pod_metadata(name, "crust-test"),
             hostname: format!("host-{name}"),
             log_directory: self.logs.path().join(name).display().to_string(),
             linux: Some(v1::LinuxPodSandboxConfig {
@@ -159,48 +130,19 @@ impl Env {
     }
 
     fn container(&self, name: &str) -> v1::ContainerConfig {
-        v1::ContainerConfig {
-            metadata: Some(v1::ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(v1::ImageSpec {
-                image: self.image.clone(),
-                ..Default::default()
-            }),
-            log_path: format!("{name}.log"),
-            linux: Some(v1::LinuxContainerConfig {
-                security_context: Some(v1::LinuxContainerSecurityContext::default()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        container_config(name, &self.image)
     }
 
     async fn create(&mut self, pod: &Pod, config: v1::ContainerConfig) -> Result<String, Status> {
-        crust_tests::create_container(&mut self.rt, pod, config).await
+        crust_test_support::create_container(&mut self.rt, pod, config).await
     }
 
     async fn run(&mut self, pod: &Pod, config: v1::ContainerConfig) -> String {
-        crust_tests::run_container(&mut self.rt, pod, config).await
+        crust_test_support::run_container(&mut self.rt, pod, config).await
     }
 
     async fn exec(&mut self, id: &str, cmd: &[&str]) -> (i32, String, String) {
-        let r = self
-            .rt
-            .exec_sync(v1::ExecSyncRequest {
-                container_id: id.into(),
-                cmd: cmd.iter().map(|s| s.to_string()).collect(),
-                timeout: 20,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"))
-            .into_inner();
-        (
-            r.exit_code,
-            String::from_utf8_lossy(&r.stdout).into_owned(),
-            String::from_utf8_lossy(&r.stderr).into_owned(),
-        )
+        exec_sync(&mut self.rt, id, cmd, 20).await
     }
 
     async fn sh(&mut self, id: &str, script: &str) -> (i32, String) {
@@ -209,15 +151,7 @@ impl Env {
     }
 
     async fn status(&mut self, id: &str) -> (v1::ContainerStatus, HashMap<String, String>) {
-        let r = self
-            .rt
-            .container_status(v1::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
-            .into_inner();
+        let r = container_status(&mut self.rt, id).await;
         (r.status.unwrap(), r.info)
     }
 
@@ -393,8 +327,8 @@ async fn image_volumes(handler: &str) {
     reg.image("test/one", "v1", &one).await;
     let two_ref = format!("{}/test/artifact:v1", e.reg.host);
     let one_ref = format!("{}/test/one:v1", e.reg.host);
-    let two_id = pull(&mut e.ic, &two_ref).await;
-    pull(&mut e.ic, &one_ref).await;
+    let two_id = pull_image(&mut e.ic, &two_ref).await;
+    pull_image(&mut e.ic, &one_ref).await;
     assert_eq!(two_id, two.id());
     let pod = e.pod("imgvol", handler).await;
 
@@ -649,7 +583,7 @@ async fn user_namespaces(handler: &str) {
     let mut e = env().await;
     // hostUsers: false pods have their own network (kubelet refuses host
     // network with a user namespace).
-    let _net = crust_tests::TestNetwork::install(&e.d, &[]);
+    let _net = crust_test_support::TestNetwork::install(&e.d, &[]);
     let status =
         e.rt.status(v1::StatusRequest { verbose: false })
             .await

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::tonic::Code;
-use crust_tests::tonic::transport::Channel;
-use crust_tests::{Daemon, Need, TestNetwork, require};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::tonic::Code;
+use crust_test_support::tonic::transport::Channel;
+use crust_test_support::{Daemon, Need, TestNetwork, require};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -33,7 +33,7 @@ const MIB: usize = 1024 * 1024;
 fn node_dir() -> Option<&'static Path> {
     let dir = install_node_client();
     if dir.is_none() {
-        crust_tests::skipped("the node client's parts (node or npm is missing)");
+        crust_test_support::skipped("the node client's parts (node or npm is missing)");
     }
     dir
 }

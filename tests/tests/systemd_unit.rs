@@ -24,9 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use crust_tests::crust_api::v1;
-use crust_tests::registry::*;
-use crust_tests::{connect, crust_bin, mounts_under, process_alive};
+use crust_test_support::crust_api::v1;
+use crust_test_support::registry::*;
+use crust_test_support::{connect, crust_bin, mounts_under, pod_metadata, process_alive};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 const UNIT: &str = "crust-unit-test.service";
@@ -230,19 +230,11 @@ async fn wait_for<F: Fn() -> bool>(what: &str, f: F) {
 }
 
 fn test_image() -> TestImage {
-    let busybox = std::fs::read(BUSYBOX).expect("busybox-static must be installed");
-    let tar = LayerTar::new()
-        .dir("bin/")
-        .file_mode("bin/busybox", &busybox, 0o755)
-        .symlink("bin/sleep", "busybox")
+    let layer = busybox_with(&["sleep"])
         // The image's WorkingDir.
         .dir("tmp/")
         .finish();
-    build(ImageSpec {
-        layers: vec![gzip(&tar)],
-        cmd: &["sleep", "1000"],
-        ..ImageSpec::default()
-    })
+    one_layer_image(&layer, &["sleep", "1000"])
 }
 
 async fn the_unit_starts_restarts_and_stops() {
@@ -360,12 +352,7 @@ async fn the_unit_starts_restarts_and_stops() {
         .await
         .expect("PullImage");
     let pod_config = v1::PodSandboxConfig {
-        metadata: Some(v1::PodSandboxMetadata {
-            name: "unit".into(),
-            uid: "uid-unit".into(),
-            namespace: "crust-unit-test".into(),
-            attempt: 0,
-        }),
+        metadata: pod_metadata("unit", "crust-unit-test"),
         linux: Some(v1::LinuxPodSandboxConfig {
             security_context: Some(v1::LinuxSandboxSecurityContext {
                 namespace_options: Some(v1::NamespaceOption {

@@ -141,7 +141,7 @@ impl Drop for TestNetwork {
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();
-        crust_tests::remove_iptables_rules_mentioning(&self.name);
+        crust_test_support::remove_iptables_rules_mentioning(&self.name);
     }
 }
 

@@ -28,7 +28,7 @@ macro_rules! skip {
 /// One `SKIPPED: <test>: <reason>` line on stderr, past the harness's
 /// capture, so that a test that could not run is seen and counted
 /// (`grep -c '^SKIPPED'`), never read as passed. The same convention as
-/// `crust_tests::skipped`.
+/// `crust_test_support::skipped`.
 pub fn skipped(reason: &str) {
     use std::io::Write;
     let test = std::thread::current()

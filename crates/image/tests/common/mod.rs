@@ -1,12 +1,12 @@
 //! Test support for crust-image: the shared registry harness and image
-//! builders (`crust_tests::registry`), plus an image store under a temp
+//! builders (`crust_test_support::registry`), plus an image store under a temp
 //! root.
 #![allow(dead_code)]
 
 use std::path::Path;
 use std::sync::Arc;
 
-pub use crust_tests::registry::*;
+pub use crust_test_support::registry::*;
 
 /// A store under a temp root with its own metadata DB.
 pub struct Store {
