@@ -33,7 +33,7 @@ test_args="--test-threads=${CRUST_VM_TEST_THREADS:-2}"
 [ $# -eq 0 ] || test_args+=" $(printf '%q ' "$@")"
 timeout_s=${CRUST_VM_TEST_TIMEOUT:-1800}
 # How many times slower than the host the emulated VM is, for the tests'
-# deadlines (tests/src: patience); TCG measured 5-10x on a loaded host.
+# deadlines (crates/test-support/src/run_env.rs: patience); TCG measured 5-10x on a loaded host.
 slowdown=${CRUST_VM_SLOWDOWN:-10}
 log_dir=${CRUST_VM_LOG_DIR:-${CARGO_TARGET_DIR:-$REPO/target}/vm-test}
 cargo=${CARGO:-cargo}

@@ -1131,7 +1131,7 @@ async fn an_oom_kill_is_reported(handler: &'static str) {
     config.command = vec!["sh".into(), "-c".into()];
     config.args = vec!["dd if=/dev/zero of=/dev/null bs=40M".into()];
     let id = e.run(&pod, config).await;
-    let deadline = Instant::now() + crust_tests::patience(Duration::from_secs(30));
+    let deadline = Instant::now() + crust_test_support::patience(Duration::from_secs(30));
     let st = loop {
         let (st, _) = e.status(&id).await;
         if st.state == v1::ContainerState::ContainerExited as i32 {

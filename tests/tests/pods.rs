@@ -109,7 +109,7 @@ impl Drop for CgroupParent {
 }
 
 fn systemd_driver() -> bool {
-    crust_tests::cgroup_driver() == "systemd"
+    crust_test_support::cgroup_driver() == "systemd"
 }
 
 /// `rel` (a cgroupfs path) in every mounted hierarchy.
