@@ -6,18 +6,16 @@
 //! WebSocket channel protocols.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crust_test_support::crust_api::v1;
 use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
-use crust_test_support::{Daemon, Need, TestNetwork, require};
+use crust_test_support::{Daemon, Need, TestNetwork, peers, require};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -27,73 +25,15 @@ const MIB: usize = 1024 * 1024;
 
 // ---- clients ---------------------------------------------------------------
 
-/// The streaming crate's node client (spdy-transport + ws), installed once
-/// per test binary under the target dir. `None` when node or its packages
-/// are missing: the parts of a test that need it are skipped, saying so.
+/// The streaming crate's node client (spdy-transport + ws). `None` when
+/// node or its packages are missing: the parts of a test that need it are
+/// skipped, saying so.
 fn node_dir() -> Option<&'static Path> {
-    let dir = install_node_client();
+    let dir = peers::node_dir();
     if dir.is_none() {
         crust_test_support::skipped("the node client's parts (node or npm is missing)");
     }
     dir
-}
-
-fn install_node_client() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        if std::process::Command::new("node")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("node is not installed");
-            return None;
-        }
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streaming/tests/node");
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("node-crust-tests-streaming");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(src.join("package.json"), dir.join("package.json")).unwrap();
-        std::fs::copy(src.join("client.js"), dir.join("client.js")).unwrap();
-        if !dir.join("node_modules/spdy-transport").exists()
-            || !dir.join("node_modules/ws").exists()
-        {
-            let out = std::process::Command::new("npm")
-                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
-                .current_dir(&dir)
-                .output()
-                .expect("run npm");
-            if !out.status.success() {
-                eprintln!(
-                    "npm install failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                return None;
-            }
-        }
-        Some(dir)
-    })
-    .as_deref()
-}
-
-/// Runs the node client with `opts` and returns its JSON answer.
-async fn node(opts: Value) -> Value {
-    let dir = node_dir().expect("node client");
-    let out = tokio::process::Command::new("node")
-        .arg(dir.join("client.js"))
-        .arg(opts.to_string())
-        .current_dir(dir)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().unwrap_or("");
-    serde_json::from_str(line).unwrap_or_else(|e| {
-        panic!(
-            "node client gave no JSON ({e}): stdout={stdout} stderr={}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 /// The v4 status JSON on the error stream of a node exec result.
@@ -272,23 +212,6 @@ async fn ws_channel_forward(url: &str, total: usize) -> (Vec<u8>, Vec<u8>) {
     (sent, got.finalize().to_vec())
 }
 
-/// GET on a raw connection: the status code.
-async fn http_status(url: &str, headers: &str) -> u16 {
-    let rest = url.strip_prefix("http://").unwrap();
-    let (host, path) = rest.split_once('/').unwrap();
-    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
-    s.write_all(format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = vec![0u8; 1024];
-    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    let head = String::from_utf8_lossy(&buf[..n]);
-    head.split(' ').nth(1).unwrap().parse().unwrap()
-}
-
 // ---- pods ------------------------------------------------------------------
 
 fn pod_config(name: &str, logs: &Path, host_network: bool) -> v1::PodSandboxConfig {
@@ -344,47 +267,6 @@ async fn netns_of(rt: &mut Rt, id: &str) -> PathBuf {
             .as_str()
             .unwrap_or_else(|| panic!("netNamespacePath in {info}")),
     )
-}
-
-/// A TCP echo server on 127.0.0.1 inside `netns` (the listening socket is
-/// made on a thread that enters the namespace, then served from here);
-/// returns its port.
-async fn echo_server_in(netns: Option<&Path>) -> u16 {
-    let bind = || std::net::TcpListener::bind("127.0.0.1:0");
-    let listener = match netns {
-        Some(ns) => {
-            crust_linux::ns::run_in_namespaces(&[(crust_linux::ns::NamespaceKind::Net, ns)], bind)
-                .unwrap()
-                .unwrap()
-        }
-        None => bind().unwrap(),
-    };
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.into_split();
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    match r.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if w.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    port
 }
 
 async fn pf_url(rt: &mut Rt, pod: &str, ports: Vec<i32>) -> String {
@@ -448,7 +330,7 @@ async fn port_forward_reaches_a_server_in_the_pod_over_spdy_and_websocket() {
         assert!(e.message().contains("port"), "{e}");
     }
     let netns = netns_of(&mut rt, &pod).await;
-    let port = echo_server_in(Some(&netns)).await;
+    let port = peers::echo_server(Some(&netns)).await;
 
     let url = pf_url(&mut rt, &pod, vec![]).await;
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
@@ -457,16 +339,16 @@ async fn port_forward_reaches_a_server_in_the_pod_over_spdy_and_websocket() {
     // A token is good once, whatever its outcome.
     if node_dir().is_some() {
         // SPDY/3.1, several concurrent streams on one connection.
-        let r = node(json!({"mode": "portforward", "url": url, "port": port, "bytes": 4 * MIB, "pairs": 4, "timeoutMs": 120000})).await;
+        let r = peers::node(json!({"mode": "portforward", "url": url, "port": port, "bytes": 4 * MIB, "pairs": 4, "timeoutMs": 120000})).await;
         check_forward(&r, 4 * MIB);
         // 20 concurrent streams.
         let url20 = pf_url(&mut rt, &pod, vec![]).await;
-        let r = node(json!({"mode": "portforward", "url": url20, "port": port, "bytes": 256 * 1024, "pairs": 20, "timeoutMs": 120000})).await;
+        let r = peers::node(json!({"mode": "portforward", "url": url20, "port": port, "bytes": 256 * 1024, "pairs": 20, "timeoutMs": 120000})).await;
         check_forward(&r, 256 * 1024);
         assert_eq!(r["results"].as_array().unwrap().len(), 20);
         // SPDY tunnelled in WebSocket: what crictl and client-go >= 1.30 use.
         let url2 = pf_url(&mut rt, &pod, vec![]).await;
-        let r = node(json!({"mode": "portforward", "url": url2, "tunnel": true, "port": port, "bytes": 4 * MIB, "timeoutMs": 120000})).await;
+        let r = peers::node(json!({"mode": "portforward", "url": url2, "tunnel": true, "port": port, "bytes": 4 * MIB, "timeoutMs": 120000})).await;
         check_forward(&r, 4 * MIB);
     } else {
         // Spend the token anyway.
@@ -474,7 +356,7 @@ async fn port_forward_reaches_a_server_in_the_pod_over_spdy_and_websocket() {
         assert_eq!(sent, got);
     }
     assert_eq!(
-        http_status(
+        peers::http_status(
             &url,
             "Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n"
         )
@@ -484,7 +366,7 @@ async fn port_forward_reaches_a_server_in_the_pod_over_spdy_and_websocket() {
     );
     let (base, _) = url.rsplit_once('/').unwrap();
     assert_eq!(
-        http_status(
+        peers::http_status(
             &format!("{base}/00112233445566778899aabbccddeeff"),
             "Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n"
         )
@@ -505,7 +387,7 @@ async fn port_forward_reaches_a_server_in_the_pod_over_spdy_and_websocket() {
     if node_dir().is_some() {
         let url = pf_url(&mut rt, &pod, vec![]).await;
         let closed = free_port_in(&netns);
-        let r = node(json!({"mode": "portforward", "url": url, "port": closed, "bytes": 0, "timeoutMs": 30000})).await;
+        let r = peers::node(json!({"mode": "portforward", "url": url, "port": closed, "bytes": 0, "timeoutMs": 30000})).await;
         let err = r["results"][0]["error"].as_str().unwrap_or_default();
         assert!(err.contains(&closed.to_string()), "{r}");
     }
@@ -550,7 +432,7 @@ async fn host_network_pods_forward_to_the_hosts_loopback() {
     let logs = tempfile::tempdir().unwrap();
     let mut rt = d.runtime_v1().await;
     let pod = run_pod(&mut rt, &pod_config("pf-host", logs.path(), true)).await;
-    let port = echo_server_in(None).await;
+    let port = peers::echo_server(None).await;
     let url = pf_url(&mut rt, &pod, vec![i32::from(port)]).await;
     let (sent, got) = ws_channel_forward(&url, MIB).await;
     assert_eq!(sent, got);
@@ -798,7 +680,7 @@ async fn exec_runs_through_the_monitor_over_spdy_and_websocket() {
     assert_eq!(exit_code(&got.status()), 0);
     // A used token is refused.
     assert_eq!(
-        http_status(
+        peers::http_status(
             &url,
             "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n"
         )
@@ -811,7 +693,7 @@ async fn exec_runs_through_the_monitor_over_spdy_and_websocket() {
         let url = e
             .exec_url(&id, &["sh", "-c", "echo out; echo err >&2"], false, false)
             .await;
-        let r = node(
+        let r = peers::node(
             json!({"mode": "exec", "url": url, "stdout": true, "stderr": true, "timeoutMs": 30000}),
         )
         .await;
@@ -824,7 +706,7 @@ async fn exec_runs_through_the_monitor_over_spdy_and_websocket() {
         let url = e
             .exec_url(&id, &["sh", "-c", "exit 42"], false, false)
             .await;
-        let r = node(
+        let r = peers::node(
             json!({"mode": "exec", "url": url, "stdout": true, "stderr": true, "timeoutMs": 30000}),
         )
         .await;
@@ -832,14 +714,14 @@ async fn exec_runs_through_the_monitor_over_spdy_and_websocket() {
         // (The node client's answer is one line on a pipe: kept under 64 KiB.)
         let input = "line\n".repeat(5_000);
         let url = e.exec_url(&id, &["cat"], true, false).await;
-        let r = node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "stderr": true, "input": input, "timeoutMs": 30000})).await;
+        let r = peers::node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "stderr": true, "input": input, "timeoutMs": 30000})).await;
         assert!(
             r["stdout"].as_str() == Some(input.as_str()),
             "cat over SPDY"
         );
         // A command that does not exist: an error, not a hang.
         let url = e.exec_url(&id, &["/no/such/binary"], false, false).await;
-        let r = node(
+        let r = peers::node(
             json!({"mode": "exec", "url": url, "stdout": true, "stderr": true, "timeoutMs": 30000}),
         )
         .await;
@@ -929,11 +811,11 @@ async fn exec_with_a_tty_gets_the_clients_size_over_spdy_and_websocket() {
         let url = e
             .exec_url(&id, &["sh", "-c", "stty size; exit 42"], true, true)
             .await;
-        let r = node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "tty": true, "resize": [[100, 30]], "timeoutMs": 30000})).await;
+        let r = peers::node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "tty": true, "resize": [[100, 30]], "timeoutMs": 30000})).await;
         assert!(r["stdout"].as_str().unwrap().contains("30 100"), "{r}");
         assert_eq!(exit_code(&status_of(&r)), 42, "{r}");
         let url = e.exec_url(&id, &["true"], true, true).await;
-        let r = node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "tty": true, "resize": [[100, 30]], "timeoutMs": 30000})).await;
+        let r = peers::node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "tty": true, "resize": [[100, 30]], "timeoutMs": 30000})).await;
         assert_eq!(exit_code(&status_of(&r)), 0, "{r}");
     }
     let _ = (&e.net, &e.d, &e.logs);
@@ -978,7 +860,7 @@ async fn attach_joins_a_containers_stdio_over_spdy_and_websocket() {
     if node_dir().is_some() {
         let a = e.container("answer-spdy", answer).await;
         let url = e.attach_url(&a, true, false).await;
-        let r = node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "stderr": true, "input": "there\n", "timeoutMs": 30000})).await;
+        let r = peers::node(json!({"mode": "exec", "url": url, "stdin": true, "stdout": true, "stderr": true, "input": "there\n", "timeoutMs": 30000})).await;
         assert_eq!(r["stdout"], "got there\n", "{r}");
     }
 

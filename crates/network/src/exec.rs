@@ -41,56 +41,20 @@ pub(crate) async fn run_plugin(
 ) -> Result<Vec<u8>, Error> {
     let mut cmd = tokio::process::Command::new(path);
     cmd.env_clear()
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .current_dir("/")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    // A plugin must not outlive a daemon killed mid-ADD: a recovery's DEL
-    // would race its half-done work, and a hanging one would run on.
-    crust_linux::spawn::die_with_parent(cmd.as_std_mut());
-    let mut child = spawn(&mut cmd, path).await?;
-    let (Some(mut child_stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        return Err(Error::Spawn {
-            path: path.to_path_buf(),
-            source: std::io::Error::other("plugin stdio not captured"),
-        });
-    };
-
-    let run = async move {
-        let feed = async {
-            // A plugin may exit without reading all of stdin; its exit
-            // status tells what happened, not our broken pipe.
-            let _ = child_stdin.write_all(stdin).await;
-            drop(child_stdin);
-        };
-        let ((), out, err) = tokio::join!(
-            feed,
-            read_capped(stdout, MAX_STDOUT),
-            read_capped(stderr, MAX_STDERR)
-        );
-        let status = child.wait().await;
-        (status, out, err)
-    };
-    let Ok((status, out, err)) = tokio::time::timeout(timeout, run).await else {
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+    let Some(done) = communicate(&mut cmd, path, stdin, MAX_STDOUT, timeout).await? else {
         return Err(Error::Timeout {
             plugin: plugin.to_string(),
             command,
             seconds: timeout.as_secs(),
         });
     };
-    let status = status.map_err(|source| Error::Spawn {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let (out, out_truncated) = out.map_err(|source| Error::Spawn {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let (err, _) = err.unwrap_or_default();
+    let Finished {
+        status,
+        out,
+        out_truncated,
+        err,
+    } = done;
 
     if status.success() {
         if out_truncated {
@@ -168,50 +132,20 @@ pub(crate) async fn run_tool(
         return Ok(None);
     };
     let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", &path)
-        .current_dir("/")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    crust_linux::spawn::die_with_parent(cmd.as_std_mut());
-    let mut child = spawn(&mut cmd, &program).await?;
-    let (Some(mut child_stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        return Err(Error::Spawn {
-            path: program,
-            source: std::io::Error::other("stdio not captured"),
-        });
-    };
-    let run = async move {
-        let feed = async {
-            let _ = child_stdin.write_all(stdin).await;
-            drop(child_stdin);
-        };
-        let ((), out, err) = tokio::join!(
-            feed,
-            // A nat table of a big node is a few MiB.
-            read_capped(stdout, 64 << 20),
-            read_capped(stderr, MAX_STDERR)
-        );
-        (child.wait().await, out, err)
-    };
-    let Ok((status, out, err)) = tokio::time::timeout(timeout, run).await else {
+    cmd.args(args).env_clear().env("PATH", &path);
+    // A nat table of a big node is a few MiB.
+    let Some(done) = communicate(&mut cmd, &program, stdin, 64 << 20, timeout).await? else {
         return Err(Error::ToolFailed {
             tool: name,
             why: format!("timed out after {}s", timeout.as_secs()),
         });
     };
-    let io = |source| Error::Spawn {
-        path: program.clone(),
-        source,
-    };
-    let status = status.map_err(io)?;
-    let (out, truncated) = out.map_err(io)?;
-    let (err, _) = err.unwrap_or_default();
+    let Finished {
+        status,
+        out,
+        out_truncated: truncated,
+        err,
+    } = done;
     if !status.success() || truncated {
         let why = if truncated {
             "output too large".to_string()
@@ -221,6 +155,76 @@ pub(crate) async fn run_tool(
         return Err(Error::ToolFailed { tool: name, why });
     }
     Ok(Some(out))
+}
+
+/// What a child run by [`communicate`] left.
+struct Finished {
+    status: std::process::ExitStatus,
+    out: Vec<u8>,
+    /// More than the cap came on stdout.
+    out_truncated: bool,
+    /// The start of stderr (for error messages).
+    err: Vec<u8>,
+}
+
+/// Spawns `cmd` in `/` with its stdio piped, feeds it `stdin`, reads
+/// stdout (at most `max_out` bytes kept) and stderr, and waits for it;
+/// None when `timeout` passed first. The child is killed when the future
+/// is dropped or the daemon dies.
+async fn communicate(
+    cmd: &mut tokio::process::Command,
+    program: &Path,
+    stdin: &[u8],
+    max_out: usize,
+    timeout: Duration,
+) -> Result<Option<Finished>, Error> {
+    cmd.current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // A plugin must not outlive a daemon killed mid-ADD: a recovery's DEL
+    // would race its half-done work, and a hanging one would run on.
+    crust_linux::spawn::die_with_parent(cmd.as_std_mut());
+    let mut child = spawn(cmd, program).await?;
+    let (Some(mut child_stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(Error::Spawn {
+            path: program.to_path_buf(),
+            source: std::io::Error::other("stdio not captured"),
+        });
+    };
+    let run = async move {
+        let feed = async {
+            // A child may exit without reading all of stdin; its exit
+            // status tells what happened, not our broken pipe.
+            let _ = child_stdin.write_all(stdin).await;
+            drop(child_stdin);
+        };
+        let ((), out, err) = tokio::join!(
+            feed,
+            read_capped(stdout, max_out),
+            read_capped(stderr, MAX_STDERR)
+        );
+        (child.wait().await, out, err)
+    };
+    let Ok((status, out, err)) = tokio::time::timeout(timeout, run).await else {
+        return Ok(None);
+    };
+    let io = |source| Error::Spawn {
+        path: program.to_path_buf(),
+        source,
+    };
+    let status = status.map_err(io)?;
+    let (out, out_truncated) = out.map_err(io)?;
+    let (err, _) = err.unwrap_or_default();
+    Ok(Some(Finished {
+        status,
+        out,
+        out_truncated,
+        err,
+    }))
 }
 
 /// Spawns, retrying briefly on ETXTBSY: a binary just written (an upgrade,

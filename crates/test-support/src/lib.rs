@@ -3,15 +3,19 @@
 //! runs it ([`daemon`]), counted skips ([`skip`]), what the run says
 //! through its environment ([`run_env`]), CRI calls many suites make
 //! ([`cri`]), CNI networks of a test's own ([`network`]), host probes
-//! ([`host`]), a real registry with image builders ([`registry`]), and
+//! ([`host`]), the streaming tests' peers (node client, raw HTTP, an echo
+//! server in a netns: [`peers`]), a real registry with image builders
+//! ([`registry`]), and
 //! the start most suites share: a daemon that pulled a test image from a
 //! registry ([`setup`]).
-//! Everything but [`registry`] is re-exported at the crate root.
+//! Everything but [`registry`] and [`peers`] is re-exported at the crate
+//! root.
 
 pub mod cri;
 pub mod daemon;
 pub mod host;
 pub mod network;
+pub mod peers;
 pub mod registry;
 pub mod run_env;
 pub mod setup;

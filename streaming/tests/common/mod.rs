@@ -1,12 +1,14 @@
 //! Shared pieces of the integration tests: a fake backend (the real one,
-//! the daemon's containers, does not exist yet), a pod network namespace
-//! with a TCP echo server in it, the node client harness, raw HTTP helpers.
+//! the daemon's containers, is tested through the daemon in
+//! tests/tests/streaming.rs), a pod network namespace; the peers (node
+//! client, raw HTTP, echo server) are crust-test-support's, shared with
+//! the daemon's streaming suite.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crust_streaming::{
@@ -14,30 +16,20 @@ use crust_streaming::{
     StreamingConfig, StreamingServer, TerminalSize,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-/// Ends a test that cannot run here: see [`skipped`].
+/// Ends a test that cannot run here, counted: see
+/// `crust_test_support::skipped`.
 #[macro_export]
 macro_rules! skip {
     ($($reason:tt)*) => {{
-        $crate::common::skipped(&format!($($reason)*));
+        crust_test_support::skipped(&format!($($reason)*));
         return;
     }};
 }
 
-/// One `SKIPPED: <test>: <reason>` line on stderr, past the harness's
-/// capture, so that a test that could not run is seen and counted
-/// (`grep -c '^SKIPPED'`), never read as passed. The same convention as
-/// `crust_test_support::skipped`.
-pub fn skipped(reason: &str) {
-    use std::io::Write;
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("<unnamed test>")
-        .to_string();
-    let line = format!("SKIPPED: {test}: {reason}\n");
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
-}
+// Each test binary uses some of them.
+#[allow(unused_imports)]
+pub use crust_test_support::peers::{http, node, node_dir};
 
 /// What the fake saw, for assertions.
 #[derive(Default)]
@@ -195,25 +187,6 @@ pub fn exec_req(cmd: &[&str], stdin: bool, stdout: bool, stderr: bool, tty: bool
     }
 }
 
-/// A plain HTTP/1.1 request; returns the status code and the raw response.
-pub async fn http(url: &str, extra_headers: &str) -> (u16, String) {
-    let rest = url.strip_prefix("http://").unwrap();
-    let (host, path) = rest.split_once('/').unwrap();
-    let mut s = TcpStream::connect(host).await.unwrap();
-    let req =
-        format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{extra_headers}\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let code = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, text)
-}
-
 /// The SPDY upgrade headers of a remotecommand client.
 pub const SPDY_EXEC_HEADERS: &str =
     "Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n";
@@ -255,109 +228,10 @@ impl Drop for PodNetns {
     }
 }
 
-/// Starts a TCP echo server on 127.0.0.1:`port` inside `netns`: each
-/// connection gets back what it sends; on EOF it shuts its write side.
-/// The listening socket is created on a thread inside the namespace and
-/// then served from the test's runtime.
+/// A TCP echo server on 127.0.0.1 inside `netns`: see
+/// `crust_test_support::peers::echo_server`.
 pub async fn echo_server(netns: &Path) -> u16 {
-    let listener =
-        crust_linux::ns::run_in_namespaces(&[(crust_linux::ns::NamespaceKind::Net, netns)], || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-        })
-        .unwrap()
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.into_split();
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    match r.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if w.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    port
-}
-
-/// The node test client (spdy-transport + ws), installed once per test
-/// binary under the target dir. `None` when node or npm is missing.
-pub fn node_dir() -> Option<&'static Path> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        if std::process::Command::new("node")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("node is not installed");
-            return None;
-        }
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
-        let exe = std::env::current_exe().unwrap();
-        let name = exe.file_stem().unwrap().to_string_lossy().into_owned();
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("node-{name}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(src.join("package.json"), dir.join("package.json")).unwrap();
-        std::fs::copy(src.join("client.js"), dir.join("client.js")).unwrap();
-        if !dir.join("node_modules/spdy-transport").exists()
-            || !dir.join("node_modules/ws").exists()
-        {
-            let out = std::process::Command::new("npm")
-                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
-                .current_dir(&dir)
-                .output()
-                .expect("run npm");
-            assert!(
-                out.status.success(),
-                "npm install failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Some(dir)
-    })
-    .as_deref()
-}
-
-/// Runs the node client with `opts` (JSON) and returns its JSON answer.
-pub async fn node(opts: serde_json::Value) -> serde_json::Value {
-    let dir = node_dir().expect("node client");
-    let out = tokio::process::Command::new("node")
-        .arg(dir.join("client.js"))
-        .arg(opts.to_string())
-        .current_dir(dir)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().unwrap_or("");
-    if line.contains("\"fatal\"") {
-        eprintln!(
-            "node client failed; its stderr:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    serde_json::from_str(line).unwrap_or_else(|e| {
-        panic!(
-            "node client gave no JSON ({e}): stdout={stdout} stderr={}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    crust_test_support::peers::echo_server(Some(netns)).await
 }
 
 pub fn fast_expiry() -> StreamingConfig {
