@@ -15,19 +15,12 @@ use crust_api::v1;
 use crust_api::v1::image_service_client::ImageServiceClient;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{block_on, connect, human_size};
+use super::{DaemonSocket, block_on, connect, human_size};
 
 #[derive(Args)]
 pub struct ImagesArgs {
-    /// The daemon's socket.
-    #[arg(
-        long,
-        global = true,
-        value_name = "PATH",
-        env = "CRUST_SOCKET",
-        default_value = "/run/crust/crust.sock"
-    )]
-    socket: PathBuf,
+    #[command(flatten)]
+    daemon: DaemonSocket,
     #[command(subcommand)]
     command: ImagesCommand,
 }
@@ -74,7 +67,7 @@ enum ImagesCommand {
 }
 
 pub fn run(args: ImagesArgs) -> anyhow::Result<()> {
-    let socket = args.socket;
+    let socket = args.daemon.socket;
     block_on(async move {
         match args.command {
             ImagesCommand::Pull { image, creds } => pull(&socket, image, creds).await,

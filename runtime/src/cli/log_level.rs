@@ -2,25 +2,17 @@
 //! daemon's log level (changing it is for root only; a timed change
 //! reverts by itself).
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use clap::Args;
 use crust_api::admin::v1::daemon_client::DaemonClient;
 use crust_api::admin::v1::{GetLogLevelRequest, LogLevel, SetLogLevelRequest};
 
-use super::{block_on, connect};
+use super::{DaemonSocket, block_on, connect};
 
 #[derive(Args)]
 pub struct LogLevelArgs {
-    /// The daemon's socket.
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "CRUST_SOCKET",
-        default_value = "/run/crust/crust.sock"
-    )]
-    socket: PathBuf,
+    #[command(flatten)]
+    daemon: DaemonSocket,
     /// error, warn, info, debug or trace; none: show the current level.
     level: Option<String>,
     /// Go back to the configured level after this long (30s, 10m, 1h30m).
@@ -37,7 +29,7 @@ pub fn run(args: LogLevelArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)
         .context("--for")?;
     block_on(async move {
-        let mut client = DaemonClient::new(connect(&args.socket).await?);
+        let mut client = DaemonClient::new(connect(&args.daemon.socket).await?);
         let state = match args.level {
             None => client.get_log_level(GetLogLevelRequest {}).await?,
             Some(level) => {

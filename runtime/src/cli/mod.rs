@@ -6,11 +6,26 @@ pub mod images;
 pub mod log_level;
 pub mod status;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use tonic::transport::{Channel, Endpoint};
+
+/// The running daemon's socket: the flag of every subcommand that talks
+/// to it (global, so it may follow a subcommand's own subcommand).
+#[derive(clap::Args)]
+pub struct DaemonSocket {
+    /// The daemon's socket.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        env = "CRUST_SOCKET",
+        default_value = "/run/crust/crust.sock"
+    )]
+    pub socket: PathBuf,
+}
 
 /// Connects to the daemon's socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {

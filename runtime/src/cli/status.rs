@@ -1,24 +1,16 @@
 //! `crust status`: what the running daemon runs with and holds, through
 //! crust's admin API (`crust.admin.v1.Daemon/Status`).
 
-use std::path::PathBuf;
-
 use clap::Args;
 use crust_api::admin::v1::StatusRequest;
 use crust_api::admin::v1::daemon_client::DaemonClient;
 
-use super::{block_on, connect};
+use super::{DaemonSocket, block_on, connect};
 
 #[derive(Args)]
 pub struct StatusArgs {
-    /// The daemon's socket.
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "CRUST_SOCKET",
-        default_value = "/run/crust/crust.sock"
-    )]
-    socket: PathBuf,
+    #[command(flatten)]
+    daemon: DaemonSocket,
     /// Print the effective configuration (TOML) too.
     #[arg(long)]
     config: bool,
@@ -26,7 +18,7 @@ pub struct StatusArgs {
 
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     block_on(async move {
-        let mut client = DaemonClient::new(connect(&args.socket).await?);
+        let mut client = DaemonClient::new(connect(&args.daemon.socket).await?);
         let s = client.status(StatusRequest {}).await?.into_inner();
         print!("{}", render(&s, args.config));
         Ok(())
