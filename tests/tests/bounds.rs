@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use crust_test_support::crust_api::v1;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::tonic::{Code, Status};
-use crust_test_support::{Daemon, mounts_under, pod_metadata};
+use crust_test_support::{Daemon, host_network_pod, mounts_under};
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 type Img = v1::image_service_client::ImageServiceClient<Channel>;
@@ -26,20 +26,7 @@ fn many(n: usize, each: &str) -> Vec<String> {
 }
 
 fn pod_config() -> v1::PodSandboxConfig {
-    v1::PodSandboxConfig {
-        metadata: pod_metadata("bounds", "crust-test"),
-        linux: Some(v1::LinuxPodSandboxConfig {
-            security_context: Some(v1::LinuxSandboxSecurityContext {
-                namespace_options: Some(v1::NamespaceOption {
-                    network: v1::NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    host_network_pod("bounds", "crust-test")
 }
 
 fn linux(c: &mut v1::PodSandboxConfig) -> &mut v1::LinuxPodSandboxConfig {

@@ -18,7 +18,7 @@ use crust_test_support::registry::*;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::tonic::{Code, Streaming};
 use crust_test_support::{
-    Daemon, TestNetwork, container_config, pod_metadata, pull_image, run_crust, run_pod,
+    Daemon, TestNetwork, container_config, host_network_pod, pull_image, run_crust, run_pod,
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -176,20 +176,7 @@ impl Env {
 
     /// A pod on the host network (no CNI).
     async fn host_pod(&mut self, name: &str) -> (String, v1::PodSandboxConfig) {
-        let config = v1::PodSandboxConfig {
-            metadata: pod_metadata(name, "crust-operator-test"),
-            linux: Some(v1::LinuxPodSandboxConfig {
-                security_context: Some(v1::LinuxSandboxSecurityContext {
-                    namespace_options: Some(v1::NamespaceOption {
-                        network: v1::NamespaceMode::Node as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let config = host_network_pod(name, "crust-operator-test");
         self.run_pod(config).await
     }
 

@@ -13,7 +13,7 @@ use crust_test_support::tonic::transport::Channel;
 use crust_test_support::tonic::{Code, Status};
 use crust_test_support::{
     Daemon, DaemonBuilder, Need, WithImage, container_config, container_status, daemon_with_image,
-    exec_sync, mounts_under, pod_metadata, pull_image, require,
+    exec_sync, host_network_pod, mounts_under, pull_image, require,
 };
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -73,20 +73,9 @@ use crust_test_support::Pod;
 impl Env {
     fn pod_config(&self, name: &str) -> v1::PodSandboxConfig {
         v1::PodSandboxConfig {
-            metadata: pod_metadata(name, "crust-test"),
             hostname: format!("host-{name}"),
             log_directory: self.logs.path().join(name).display().to_string(),
-            linux: Some(v1::LinuxPodSandboxConfig {
-                security_context: Some(v1::LinuxSandboxSecurityContext {
-                    namespace_options: Some(v1::NamespaceOption {
-                        network: v1::NamespaceMode::Node as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
+            ..host_network_pod(name, "crust-test")
         }
     }
 

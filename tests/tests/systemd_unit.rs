@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crust_test_support::crust_api::v1;
 use crust_test_support::registry::*;
-use crust_test_support::{connect, crust_bin, mounts_under, pod_metadata, process_alive};
+use crust_test_support::{connect, crust_bin, host_network_pod, mounts_under, process_alive};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 const UNIT: &str = "crust-unit-test.service";
@@ -351,20 +351,7 @@ async fn the_unit_starts_restarts_and_stops() {
         })
         .await
         .expect("PullImage");
-    let pod_config = v1::PodSandboxConfig {
-        metadata: pod_metadata("unit", "crust-unit-test"),
-        linux: Some(v1::LinuxPodSandboxConfig {
-            security_context: Some(v1::LinuxSandboxSecurityContext {
-                namespace_options: Some(v1::NamespaceOption {
-                    network: v1::NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let pod_config = host_network_pod("unit", "crust-unit-test");
     let pod = rt
         .run_pod_sandbox(v1::RunPodSandboxRequest {
             config: Some(pod_config.clone()),

@@ -137,3 +137,22 @@ pub async fn container_status(rt: &mut RuntimeClient, id: &str) -> v1::Container
     .unwrap_or_else(|e| panic!("ContainerStatus: {e}"))
     .into_inner()
 }
+
+/// A pod `name` in `namespace` on the host's network (no CNI needed), as
+/// most suites run theirs; suites override what they test.
+pub fn host_network_pod(name: &str, namespace: &str) -> v1::PodSandboxConfig {
+    v1::PodSandboxConfig {
+        metadata: pod_metadata(name, namespace),
+        linux: Some(v1::LinuxPodSandboxConfig {
+            security_context: Some(v1::LinuxSandboxSecurityContext {
+                namespace_options: Some(v1::NamespaceOption {
+                    network: v1::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
