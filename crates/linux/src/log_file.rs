@@ -59,7 +59,10 @@ pub enum LogFileError {
 impl LogFileError {
     /// Whether the log path, not the host, is at fault.
     pub fn is_refused(&self) -> bool {
-        matches!(self, LogFileError::Refused { .. } | LogFileError::Invalid { .. })
+        matches!(
+            self,
+            LogFileError::Refused { .. } | LogFileError::Invalid { .. }
+        )
     }
 }
 
@@ -75,7 +78,10 @@ pub fn open_log_file(directory: &Path, rel: &Path, modes: LogModes) -> Result<Fi
         why,
     };
     if !directory.is_absolute() || !plain(directory) {
-        return Err(invalid(directory, "is not an absolute path without '.' or '..'"));
+        return Err(invalid(
+            directory,
+            "is not an absolute path without '.' or '..'",
+        ));
     }
     let (Some(parent), Some(top)) = (directory.parent(), directory.file_name()) else {
         return Err(invalid(directory, "has no parent directory"));
@@ -218,7 +224,10 @@ mod tests {
         match r {
             Err(e @ LogFileError::Refused { .. }) => {
                 assert!(e.is_refused());
-                assert!(e.to_string().starts_with(&path.display().to_string()), "{e}");
+                assert!(
+                    e.to_string().starts_with(&path.display().to_string()),
+                    "{e}"
+                );
             }
             other => panic!("expected a refusal naming {}: {other:?}", path.display()),
         }
