@@ -83,8 +83,10 @@ pub fn open_log_file(directory: &Path, rel: &Path, modes: LogModes) -> Result<Fi
             "is not an absolute path without '.' or '..'",
         ));
     }
-    let (Some(parent), Some(top)) = (directory.parent(), directory.file_name()) else {
-        return Err(invalid(directory, "has no parent directory"));
+    // `/` as the pod's log directory: the node's root is the anchor.
+    let (parent, top) = match (directory.parent(), directory.file_name()) {
+        (Some(parent), Some(top)) => (parent, Some(top)),
+        _ => (directory, None),
     };
     if rel.is_absolute() || !plain(rel) {
         return Err(invalid(rel, "is not a relative path without '.' or '..'"));
@@ -107,7 +109,9 @@ pub fn open_log_file(directory: &Path, rel: &Path, modes: LogModes) -> Result<Fi
         source,
     })?;
     let mut at = directory.to_path_buf();
-    dir = step(&dir, top, &at, modes.dir)?;
+    if let Some(top) = top {
+        dir = step(&dir, top, &at, modes.dir)?;
+    }
     for c in rel.parent().into_iter().flat_map(Path::components) {
         let c = c.as_os_str();
         at.push(c);
@@ -308,7 +312,7 @@ mod tests {
             let e = open(&pod, rel).unwrap_err();
             assert!(matches!(e, LogFileError::Invalid { .. }), "{rel:?}: {e}");
         }
-        for dir in ["rel/dir", "/", "/a/../b"] {
+        for dir in ["rel/dir", "/a/../b"] {
             let e = open(Path::new(dir), "x.log").unwrap_err();
             assert!(matches!(e, LogFileError::Invalid { .. }), "{dir:?}: {e}");
         }
