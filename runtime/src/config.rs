@@ -40,7 +40,17 @@ pub struct Config {
     /// CDI spec file dirs, lowest priority first (a device defined again in
     /// a later dir wins).
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// The most bytes a container's log file may grow to (CRI-O's
+    /// `log_size_max`): beyond it the container's monitor drops output,
+    /// whole lines, until kubelet rotates the file (ReopenContainerLog),
+    /// and says so once in the log. 0 (the default): no cap; otherwise at
+    /// least 8192. Set it well above kubelet's `containerLogMaxSize`
+    /// (e.g. 4 times): kubelet checks sizes only every 10 s.
+    pub log_size_max: u64,
 }
+
+/// The smallest `log_size_max` (a few lines and the notice).
+pub const MIN_LOG_SIZE_MAX: u64 = 8192;
 
 /// The `[metrics]` table: where `GET /metrics` (Prometheus / OpenMetrics
 /// text) and `GET /healthz` are served over plain HTTP.
@@ -195,6 +205,7 @@ impl Default for Config {
             metrics: MetricsSection::default(),
             nri: crust_nri::Config::default(),
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+            log_size_max: 0,
         }
     }
 }
@@ -325,6 +336,12 @@ impl Config {
                 ));
             }
         }
+        if self.log_size_max != 0 && self.log_size_max < MIN_LOG_SIZE_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "log_size_max must be 0 (no cap) or at least {MIN_LOG_SIZE_MAX}, got {}",
+                self.log_size_max
+            )));
+        }
         if self.socket.file_name().is_none() {
             return Err(ConfigError::Invalid(format!(
                 "socket {} has no file name",
@@ -454,6 +471,22 @@ mod tests {
         let c = Config::parse("[nri]\nplugin_request_timeout = \"0s\"\n").unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("plugin_request_timeout"), "{err}");
+    }
+
+    #[test]
+    fn log_size_max_is_off_by_default_and_checked() {
+        assert_eq!(Config::default().log_size_max, 0);
+        assert!(Config::default_toml().contains("log_size_max = 0"));
+        let c = Config::parse("log_size_max = 104857600\n").unwrap();
+        assert_eq!(c.log_size_max, 100 << 20);
+        c.validate().unwrap();
+        let err = Config::parse("log_size_max = 100\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("log_size_max"), "{err}");
+        assert!(Config::parse("log_size_max = -1\n").is_err());
     }
 
     #[test]

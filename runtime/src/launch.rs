@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crust_oci::Spec;
+use crust_quote::quote_os;
 use crust_shim_protocol::{RuntimeConfig, ShimConfig, SpawnOptions};
 
 use crate::config::Config;
@@ -27,8 +28,11 @@ pub struct Launch {
     /// embedded runtime.
     pub spec: Spec,
     pub runtime: RuntimeConfig,
-    /// The CRI log file (its dir is created); None writes no log.
+    /// The CRI log file (created, with its dir, never through a symlink
+    /// below `log_directory`); None writes no log.
     pub log_path: Option<PathBuf>,
+    /// The pod's log directory, which `log_path` lies below.
+    pub log_directory: Option<PathBuf>,
     pub stdin: bool,
     pub stdin_once: bool,
     /// Also keep the unpatched spec as `<bundle>/spec.json` (what
@@ -43,6 +47,10 @@ pub enum LaunchError {
     /// Writing the bundle failed (the message names the path).
     #[error("{0}")]
     Bundle(String),
+    /// Something in the pod's log directory is in the way of the log file
+    /// (a symlink, not a regular file): the message names the path.
+    #[error("{0}")]
+    LogPath(String),
     /// The monitor or the runtime could not create the container.
     #[error("{0}")]
     Monitor(crust_shim_protocol::Error),
@@ -58,11 +66,23 @@ impl From<tokio::task::JoinError> for LaunchError {
 #[derive(Debug, Clone)]
 pub struct Launcher {
     shim_binary: PathBuf,
+    /// `log_size_max`: a log file's cap, enforced by its monitor (0: none).
+    log_size_max: u64,
 }
 
 impl Launcher {
     pub fn new(shim_binary: PathBuf) -> Launcher {
-        Launcher { shim_binary }
+        Launcher {
+            shim_binary,
+            log_size_max: 0,
+        }
+    }
+
+    /// Monitors drop output beyond `bytes` of log until it is rotated
+    /// (0: no cap).
+    pub fn with_log_size_max(mut self, bytes: u64) -> Launcher {
+        self.log_size_max = bytes;
+        self
     }
 
     /// The `crust-shim` binary the config names, else the one next to
@@ -74,7 +94,7 @@ impl Launcher {
                 .and_then(|e| e.parent().map(|d| d.join("crust-shim")))
                 .unwrap_or_else(|| PathBuf::from("/usr/local/bin/crust-shim"))
         });
-        Launcher::new(shim_binary)
+        Launcher::new(shim_binary).with_log_size_max(config.log_size_max)
     }
 
     /// Writes the bundle and spawns the monitor; returns once the
@@ -94,6 +114,8 @@ impl Launcher {
                 bundle: launch.bundle.clone(),
                 runtime: launch.runtime.clone(),
                 log_path: launch.log_path.clone(),
+                log_directory: launch.log_directory.clone(),
+                log_size_max: self.log_size_max,
                 tty,
                 stdin: launch.stdin,
                 stdin_once: launch.stdin_once,
@@ -130,14 +152,37 @@ fn write_bundle(l: &Launch) -> Result<(), LaunchError> {
     let path = l.bundle.join("config.json");
     let json = serde_json::to_vec(&for_runtime).map_err(encode)?;
     std::fs::write(&path, json).map_err(|e| bundle_err("writing", &path, &e))?;
-    if let Some(parent) = l.log_path.as_ref().and_then(|p| p.parent()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent)
-            .map_err(|e| bundle_err("creating log dir", parent, &e))?;
+    if let Some(path) = &l.log_path {
+        create_log(path, l.log_directory.as_deref())?;
     }
     Ok(())
+}
+
+/// Creates the log file (and its dirs) as its monitor will open it: never
+/// through a symlink below the pod's log directory, so that one planted
+/// there is refused here, naming the path, before any monitor runs.
+fn create_log(path: &Path, directory: Option<&Path>) -> Result<(), LaunchError> {
+    use crust_linux::log_file::{LogFileError, LogModes, open_log_file};
+    let (directory, rel) = match directory {
+        Some(d) => (d, path.strip_prefix(d).ok()),
+        None => (
+            path.parent().unwrap_or(path),
+            path.file_name().map(Path::new),
+        ),
+    };
+    let Some(rel) = rel else {
+        return Err(LaunchError::LogPath(format!(
+            "config.log_path: {} is not below the pod's log directory",
+            quote_os(path)
+        )));
+    };
+    match open_log_file(directory, rel, LogModes::default()) {
+        Ok(_) => Ok(()),
+        Err(LogFileError::Refused { path, why } | LogFileError::Invalid { path, why }) => Err(
+            LaunchError::LogPath(format!("config.log_path: {} {why}", quote_os(&path))),
+        ),
+        Err(e) => Err(LaunchError::Bundle(format!("creating the log: {e}"))),
+    }
 }
 
 /// What the embedded runtime (youki's libcontainer 0.7) needs besides

@@ -81,6 +81,15 @@ impl Dir {
         Ok(Dir { fd: own(fd) })
     }
 
+    /// Opens the directory `path`, following symlinks everywhere (for
+    /// paths that belong to the node, such as the parent of a pod's log
+    /// directory, where an operator may have linked a data disk in).
+    pub fn open_following(path: &Path) -> Result<Dir> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::openat(None, path, flags, Mode::empty())?;
+        Ok(Dir { fd: own(fd) })
+    }
+
     /// A second, independent descriptor for the same directory.
     pub fn reopen(&self) -> Result<Dir> {
         self.open_dir(OsStr::new("."))
@@ -263,6 +272,30 @@ impl Dir {
             | OFlag::O_NOCTTY
             | OFlag::O_CLOEXEC;
         Ok(File::from(self.beneath(Path::new(name), flags)?))
+    }
+
+    /// Opens `name` (one component) for appending, created with `mode` if
+    /// missing: never through a symlink (`ELOOP`), non-blocking and
+    /// without becoming a controlling tty (a FIFO or device planted there
+    /// cannot hang or take over the caller; the caller checks what it got).
+    pub fn open_append(&self, name: &OsStr, mode: u32) -> Result<File> {
+        if !is_one_component(name) {
+            return Err(Errno::EINVAL);
+        }
+        let flags = OFlag::O_WRONLY
+            | OFlag::O_APPEND
+            | OFlag::O_CREAT
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::openat(
+            Some(self.raw()),
+            name,
+            flags,
+            Mode::from_bits_truncate(mode),
+        )?;
+        Ok(File::from(own(fd)))
     }
 
     /// The magic number of the file system the directory is on

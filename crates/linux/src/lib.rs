@@ -22,7 +22,8 @@
 //! [`watch`] (file modifications: OOM kills as they happen).
 //!
 //! For image layers and crust's own files: [`fs`] (fd-relative, never
-//! following a symlink).
+//! following a symlink); for containers' CRI logs below a pod's log
+//! directory: [`log_file`].
 //!
 //! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
 //! that die with the daemon).
@@ -32,6 +33,7 @@ pub mod children;
 pub mod console;
 mod error;
 pub mod fs;
+pub mod log_file;
 pub mod mountinfo;
 pub mod mounts;
 pub mod netstats;

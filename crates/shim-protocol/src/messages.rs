@@ -125,9 +125,18 @@ pub struct ShimConfig {
     /// Absolute path of the OCI bundle (holds `config.json`).
     pub bundle: PathBuf,
     pub runtime: RuntimeConfig,
-    /// CRI log file; `None` writes no log.
+    /// CRI log file (absolute); `None` writes no log.
     #[serde(default)]
     pub log_path: Option<PathBuf>,
+    /// The pod's log directory, which `log_path` lies below: from it down
+    /// no symlink is followed when the log is opened or reopened. `None`:
+    /// `log_path`'s own directory.
+    #[serde(default)]
+    pub log_directory: Option<PathBuf>,
+    /// Bytes the log file may grow to before the monitor drops output
+    /// (until it is reopened, i.e. rotated); 0: no limit.
+    #[serde(default)]
+    pub log_size_max: u64,
     /// The container has a tty (`process.terminal` in the spec).
     #[serde(default)]
     pub tty: bool,
@@ -296,6 +305,10 @@ pub struct State {
     pub status: Status,
     #[serde(default)]
     pub exit: Option<ExitInfo>,
+    /// Container output the monitor did not write to the log: beyond
+    /// `log_size_max`, or while no log file could be reopened.
+    #[serde(default)]
+    pub log_dropped_bytes: u64,
 }
 
 /// How the process ended: the durable record in `exit.json`.

@@ -225,6 +225,7 @@ impl ContainerHost for RealContainerHost {
         match self.launcher.create(launch).await {
             Ok(monitor) => Ok(monitor.pid()),
             Err(LaunchError::Bundle(m)) => Err(ContainerError::Internal(m)),
+            Err(LaunchError::LogPath(m)) => Err(ContainerError::FailedPrecondition(m)),
             Err(LaunchError::Monitor(e)) => Err(ContainerError::Internal(format!(
                 "creating the container: {e}"
             ))),

@@ -299,6 +299,10 @@ impl Containers {
                 spec: built.spec,
                 runtime: rec.runtime.clone(),
                 log_path: rec.log_path.clone(),
+                log_directory: rec
+                    .log_path
+                    .as_ref()
+                    .map(|_| PathBuf::from(&pod.log_directory)),
                 stdin: config.stdin,
                 stdin_once: config.stdin_once,
                 keep_spec: true,

@@ -186,6 +186,7 @@ pub fn launch(
         spec,
         runtime,
         log_path: None,
+        log_directory: None,
         stdin: false,
         stdin_once: false,
         keep_spec: false,

@@ -235,9 +235,15 @@ impl ContainerIo {
         console::set_winsize(pty.as_fd(), width, height).map_err(Error::io("resize"))
     }
 
+    /// Output dropped from the log so far (its size cap, or no file after a
+    /// failed reopen).
+    pub fn log_dropped_bytes(&self) -> u64 {
+        self.log.as_ref().map_or(0, LogFile::dropped_bytes)
+    }
+
     pub fn reopen_log(&mut self) -> Result<(), Error> {
         match self.log.as_mut() {
-            Some(l) => l.reopen().map_err(Error::io("reopening the log")),
+            Some(l) => l.reopen().map_err(super::container_log::open_error),
             None => Ok(()),
         }
     }

@@ -220,6 +220,7 @@ impl Monitor {
                 pid: self.pid,
                 status: self.status,
                 exit: self.exit.clone(),
+                log_dropped_bytes: self.io.log_dropped_bytes(),
             })),
             Request::Wait => match &self.exit {
                 Some(e) => Ok(Reply::Exited(e.clone())),

@@ -16,6 +16,10 @@ pub enum Error {
     /// Not possible in the process's current state.
     #[error("{0}")]
     FailedPrecondition(&'static str),
+    /// The log path is unusable: something in the pod's log directory is
+    /// in the way (a symlink, not a regular file).
+    #[error("{0}")]
+    LogRefused(String),
     /// The OCI runtime failed (its own message).
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -48,7 +52,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
-            Error::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            Error::FailedPrecondition(_) | Error::LogRefused(_) => ErrorKind::FailedPrecondition,
             Error::Runtime(_) | Error::ExecSession(_) => ErrorKind::Runtime,
             Error::Config(_) | Error::Io { .. } | Error::Internal(_) => ErrorKind::Internal,
         }

@@ -23,7 +23,7 @@ use crust_shim_protocol::{
 use super::attach::Attachers;
 use super::conn::bind_socket;
 use super::container_io::{ContainerIo, Plumbing, console_arg};
-use super::container_log::LogFile;
+use super::container_log::{LogFile, LogTarget};
 use super::control::Controls;
 use super::oom::OomWatch;
 use super::{Error, Ids, Mode, Monitor};
@@ -154,7 +154,8 @@ struct Settings {
     tty: bool,
     stdin: bool,
     stdin_once: bool,
-    log_path: Option<PathBuf>,
+    /// The CRI log and its size cap.
+    log: Option<(LogTarget, u64)>,
     attach_timeout: Option<Duration>,
 }
 
@@ -169,14 +170,19 @@ impl Settings {
                         cfg.bundle.display()
                     )));
                 }
-                if let Some(l) = &cfg.log_path
-                    && !l.is_absolute()
-                {
-                    return Err(Error::Config(format!(
-                        "log path {} is not absolute",
-                        l.display()
-                    )));
-                }
+                let log = match &cfg.log_path {
+                    Some(l) if !l.is_absolute() => {
+                        return Err(Error::Config(format!(
+                            "log path {} is not absolute",
+                            l.display()
+                        )));
+                    }
+                    Some(l) => Some((
+                        LogTarget::new(l, cfg.log_directory.as_deref()).map_err(Error::Config)?,
+                        cfg.log_size_max,
+                    )),
+                    None => None,
+                };
                 Settings {
                     id: cfg.id,
                     bundle: cfg.bundle,
@@ -184,7 +190,7 @@ impl Settings {
                     tty: cfg.tty,
                     stdin: cfg.stdin,
                     stdin_once: cfg.stdin_once,
-                    log_path: cfg.log_path,
+                    log,
                     attach_timeout: None,
                 }
             }
@@ -198,7 +204,7 @@ impl Settings {
                     stdin: cfg.stdin,
                     // An exec's stdin ends when its client's does.
                     stdin_once: true,
-                    log_path: None,
+                    log: None,
                     attach_timeout: Some(match cfg.attach_timeout_ms {
                         0 => DEFAULT_ATTACH_TIMEOUT,
                         ms => Duration::from_millis(ms),
@@ -224,11 +230,10 @@ impl Monitor {
     ) -> Result<Monitor, Error> {
         let s = Settings::read(mode, dir)?;
         let runtime = runtime::from_config(&s.runtime, dir.join(RUNTIME_LOG));
-        let log = match s.log_path {
-            Some(p) => Some(
-                LogFile::open(p.clone())
-                    .map_err(Error::io(format!("opening log {}", p.display())))?,
-            ),
+        let log = match s.log {
+            Some((target, size_max)) => {
+                Some(LogFile::open(target, size_max).map_err(super::container_log::open_error)?)
+            }
             None => None,
         };
         let ctl_listener = bind_socket(dir, CONTROL_SOCKET)?;

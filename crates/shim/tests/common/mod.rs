@@ -131,6 +131,8 @@ impl Fixture {
             bundle: self.bundle.clone(),
             runtime: self.runtime_config(),
             log_path: Some(self.log_path.clone()),
+            log_directory: None,
+            log_size_max: 0,
             tty,
             stdin,
             stdin_once,
