@@ -41,13 +41,15 @@ pub fn mount_shm(path: &Path, size_bytes: u64) -> Result<(), Error> {
     }
     ensure_real_dir(path, 0o700, "shm dir")?;
     let data = format!("mode=1777,size={size_bytes}");
-    nix::mount::mount(
-        Some("shm"),
-        path,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some(data.as_str()),
-    )
+    crate::retry::transient(|| {
+        nix::mount::mount(
+            Some("shm"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some(data.as_str()),
+        )
+    })
     .map_err(|e| Error::Io {
         op: "mount shm tmpfs on",
         path: path.to_path_buf(),
@@ -188,13 +190,15 @@ fn overlay(
                 ),
             ));
         }
-        nix::mount::mount(
-            Some("overlay"),
-            &target,
-            Some("overlay"),
-            flags,
-            Some(data.as_str()),
-        )
+        crate::retry::transient(|| {
+            nix::mount::mount(
+                Some("overlay"),
+                &target,
+                Some("overlay"),
+                flags,
+                Some(data.as_str()),
+            )
+        })
         .map_err(|e| Error::Io {
             op: "mount overlay on",
             path: target.clone(),
@@ -235,7 +239,9 @@ pub(crate) fn unmount_all(path: &Path) -> Result<(), Error> {
     // Bounded: a pin or a pod's /dev/shm is mounted once; more means
     // someone stacked mounts.
     for _ in 0..16 {
-        match nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+        // Lazy: never EBUSY; EINTR/EAGAIN retried, bounded.
+        let detach = || nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+        match crate::retry::transient(detach) {
             Ok(()) => continue,
             Err(Errno::EINVAL | Errno::ENOENT) => return Ok(()),
             Err(e) => {
@@ -341,7 +347,12 @@ pub fn resolve_in_root(root: &Path, rel: &str) -> Result<std::path::PathBuf, Err
                 | ResolveFlag::RESOLVE_NO_XDEV,
         );
     let path = if rel.is_empty() { "." } else { rel };
-    let fd = openat2(std::os::fd::AsRawFd::as_raw_fd(&dir), path, how).map_err(|e| match e {
+    // EAGAIN: a mount or rename somewhere on the system while the lookup
+    // went through `..`; the kernel asks to try again.
+    let fd = crate::retry::transient(|| {
+        openat2(std::os::fd::AsRawFd::as_raw_fd(&dir), path, how)
+    })
+    .map_err(|e| match e {
         // What the path names is missing or not reachable without leaving
         // the root's mount: the caller's path is at fault.
         Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV => {
@@ -403,14 +414,14 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
         }
     };
     // SAFETY: a valid C string; the kernel returns a new fd or -1.
-    let tree = unsafe {
+    let tree = retried_syscall(|| unsafe {
         libc::syscall(
             libc::SYS_open_tree,
             libc::AT_FDCWD,
             src.as_ptr(),
             OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
         )
-    };
+    });
     if tree < 0 {
         return Err(io("open_tree", source));
     }
@@ -423,7 +434,7 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
         userns_fd: ns.as_raw_fd() as u64,
     };
     // SAFETY: valid fd, empty C string, a properly sized mount_attr.
-    let rc = unsafe {
+    let rc = retried_syscall(|| unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
@@ -432,12 +443,12 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
             &raw const attr,
             std::mem::size_of::<MountAttr>(),
         )
-    };
+    });
     if rc < 0 {
         return Err(io("mount_setattr(MOUNT_ATTR_IDMAP)", source));
     }
     // SAFETY: valid fds and C strings.
-    let rc = unsafe {
+    let rc = retried_syscall(|| unsafe {
         libc::syscall(
             libc::SYS_move_mount,
             tree.as_raw_fd(),
@@ -446,11 +457,27 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
             dst.as_ptr(),
             MOVE_MOUNT_F_EMPTY_PATH,
         )
-    };
+    });
     if rc < 0 {
         return Err(io("move_mount", target));
     }
     Ok(())
+}
+
+/// A raw syscall (`-1` and errno on failure) retried on EAGAIN/EINTR;
+/// errno still holds the last failure's when it returns `-1`.
+fn retried_syscall(mut call: impl FnMut() -> libc::c_long) -> libc::c_long {
+    let r = crate::retry::transient(|| match call() {
+        rc if rc < 0 => Err(Errno::last()),
+        rc => Ok(rc),
+    });
+    match r {
+        Ok(rc) => rc,
+        Err(e) => {
+            Errno::set_raw(e as i32);
+            -1
+        }
+    }
 }
 
 /// `s` quoted for an error message, at most 256 bytes of it.
