@@ -150,6 +150,19 @@ pub fn shared() -> Option<NoisyGuard> {
     Rate::from_env().map(share)
 }
 
+/// A share in the process's noisy neighbour even when `CRUST_TEST_NOISY`
+/// turns it off for the suites (then at [`Rate::DEFAULT`]): for the tests
+/// that are about the noise.
+pub fn always() -> NoisyGuard {
+    share(Rate::from_env().unwrap_or(Rate::DEFAULT))
+}
+
+/// What the process's neighbour did so far (zeros when none runs).
+pub fn shared_counts() -> Counts {
+    let s = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    s.1.as_ref().map(Noisy::counts).unwrap_or_default()
+}
+
 fn share(rate: Rate) -> NoisyGuard {
     let mut s = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     if s.1.is_none() {
