@@ -209,7 +209,7 @@ fn make_noise(s: &Shared, rate: Rate) -> Result<(), String> {
     let start = Instant::now();
     let mut tick: u64 = 0;
     while !s.stop.load(Ordering::Relaxed) {
-        let what = if tick % 2 == 0 { &file } else { &dir };
+        let what = if tick.is_multiple_of(2) { &file } else { &dir };
         let (from, to) = if tick % 4 < 2 {
             (what.clone(), moved(what))
         } else {
