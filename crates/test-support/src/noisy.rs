@@ -190,7 +190,10 @@ fn make_noise(s: &Shared, rate: Rate) -> Result<(), String> {
     let fallback;
     let base = match private_root() {
         Ok(()) => Path::new("/"),
-        Err(e) => {
+        // Half set up: this thread's namespace may still hold copies of the
+        // host's mounts; ending the thread releases them.
+        Err(Setup::Unshared(e)) => return Err(e),
+        Err(Setup::NoNamespace(e)) => {
             eprintln!("noisy neighbour: renames only ({e})");
             fallback = tempfile::Builder::new()
                 .prefix("crust-noisy-")
@@ -245,9 +248,22 @@ fn make_noise(s: &Shared, rate: Rate) -> Result<(), String> {
 /// Gives this thread a mount namespace of its own whose root is a fresh
 /// tmpfs and that holds nothing of the host's (the copies unshare made are
 /// detached at once).
-fn private_root() -> Result<(), String> {
+fn private_root() -> Result<(), Setup> {
     use nix::sched::{CloneFlags, unshare};
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))?;
+    unshare(CloneFlags::CLONE_NEWNS)
+        .map_err(|e| Setup::NoNamespace(format!("unshare(CLONE_NEWNS): {e}")))?;
+    set_up_root().map_err(Setup::Unshared)
+}
+
+/// Why [`private_root`] failed.
+enum Setup {
+    /// No namespace of its own (not root): renames on the host will do.
+    NoNamespace(String),
+    /// A namespace of its own, not set up.
+    Unshared(String),
+}
+
+fn set_up_root() -> Result<(), String> {
     // From here on this thread's namespace: nothing propagates to the host.
     let none = None::<&str>;
     nix::mount::mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
