@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crust_linux::retry::Retry;
 use oci_spec::runtime::LinuxResources;
 
 use crate::dir::CgroupDir;
@@ -16,9 +17,11 @@ use crate::stats::{self, Stats, StatsRequest};
 /// How long [`Cgroup::delete`] waits for killed processes to go.
 pub const DEFAULT_KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// How long an rmdir is retried while the kernel still counts exiting
-/// tasks (EBUSY).
-const RMDIR_WAIT: Duration = Duration::from_secs(2);
+/// How an rmdir is retried while the kernel still counts exiting tasks
+/// (EBUSY), or is interrupted: every 10 ms for about 2 s.
+const RMDIR_RETRY: Retry = Retry::BUSY
+    .delays(Duration::from_millis(10), Duration::from_millis(10))
+    .attempts(200);
 
 /// A cgroup in the host's hierarchies. Cheap: touches nothing until a
 /// method is called; every file access is confined (see the `dir` module).
@@ -615,16 +618,13 @@ fn remove_one(fs: &CgroupFs, mount: &Path, path: &CgroupPath) -> Result<()> {
     else {
         return Ok(());
     };
-    let deadline = Instant::now() + RMDIR_WAIT;
-    loop {
-        match dir.rmdir(name) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(16) && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => return Err(Error::io("remove cgroup", path.under(mount))(e)),
-        }
-    }
+    // EBUSY passes once the kernel has released the last exiting tasks; a
+    // cgroup that keeps a live process or a child stays busy and its EBUSY
+    // is the answer after RMDIR_WAIT.
+    RMDIR_RETRY
+        .run(|| dir.rmdir(name))
+        .map(|_| ())
+        .map_err(Error::io("remove cgroup", path.under(mount)))
 }
 
 /// Enables in `dir`'s subtree_control every controller it has that is not

@@ -133,13 +133,19 @@ impl CgroupDir {
     /// Writes `value` to an existing control file in one write(2), as
     /// cgroupfs expects (O_TRUNC as runc: cgroupfs ignores it, a plain file
     /// is replaced).
+    ///
+    /// EAGAIN and EINTR (a migration racing a fork or exit, a signal) are
+    /// retried, bounded: a whole value written again is the same write.
     pub(crate) fn write(&self, name: &str, value: &str) -> std::io::Result<()> {
-        let mut file = self.dir.open_existing(plain(name)?, Access::Write)?;
-        let n = file.write(value.as_bytes())?;
+        let name = plain(name)?;
+        let n = crust_linux::retry::transient(|| {
+            let mut file = self.dir.open_existing(name, Access::Write)?;
+            file.write(value.as_bytes())
+        })?;
         if n != value.len() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::WriteZero,
-                format!("short write to {name}: {n} of {} bytes", value.len()),
+                format!("short write to {name:?}: {n} of {} bytes", value.len()),
             ));
         }
         Ok(())

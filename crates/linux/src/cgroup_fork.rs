@@ -105,24 +105,34 @@ pub fn fork_into_cgroup(
         cgroup: cgroup.as_raw_fd() as u64,
         ..CloneArgs::default()
     };
-    // SAFETY: clone3 with no stack, no CLONE_VM and no other flags is fork:
-    // the child gets a copy-on-write copy of this address space and
-    // continues from here, on a copy of this stack. The process is
-    // single-threaded (the SingleThreaded proof), so no lock can be held
-    // by another thread in the child's copy. `args` is a valid, fully
-    // initialised clone_args of the size passed; the kernel only reads it.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    // EAGAIN: the cgroup's pids limit (or RLIMIT_NPROC), which processes
+    // still being reaped may free in a moment: a few tries, a few ms.
+    // Nothing was created when it fails, so trying again is safe.
+    let ret = crate::retry::Retry::TRANSIENT.attempts(4).run(|| {
+        // SAFETY: clone3 with no stack, no CLONE_VM and no other flags is
+        // fork: the child gets a copy-on-write copy of this address space
+        // and continues from here, on a copy of this stack. The process
+        // is single-threaded (the SingleThreaded proof), so no lock can be
+        // held by another thread in the child's copy. `args` is a valid,
+        // fully initialised clone_args of the size passed; the kernel only
+        // reads it.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(ret)
+        }
+    });
     match ret {
-        0 => Ok(None),
-        pid if pid > 0 => Ok(Some(pid as i32)),
-        _ => {
-            let e = io::Error::last_os_error();
+        Ok(0) => Ok(None),
+        Ok(pid) => Ok(Some(pid as i32)),
+        Err(e) => {
             if e.raw_os_error().is_some_and(is_refusal) {
                 Err(ForkIntoCgroupError::Refused(e))
             } else {
@@ -171,15 +181,19 @@ fn unified_path(procfile: &str) -> Option<&str> {
 /// to `cgroup.procs` there): the old way, for when [`fork_into_cgroup`] is
 /// refused. Works in any mount namespace (the path is fd-relative).
 pub fn join_cgroup(cgroup: BorrowedFd<'_>) -> io::Result<()> {
-    let fd = openat(
-        Some(cgroup.as_raw_fd()),
-        "cgroup.procs",
-        OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
-        Mode::empty(),
-    )?;
-    // SAFETY: openat just returned `fd`; nothing else refers to it.
-    let file = unsafe { File::from_raw_fd(fd) };
-    (&file).write_all(std::process::id().to_string().as_bytes())
+    // A migration may answer EAGAIN/EINTR on a busy node; the write of our
+    // own pid is idempotent.
+    crate::retry::transient(|| {
+        let fd = openat(
+            Some(cgroup.as_raw_fd()),
+            "cgroup.procs",
+            OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )?;
+        // SAFETY: openat just returned `fd`; nothing else refers to it.
+        let file = unsafe { File::from_raw_fd(fd) };
+        (&file).write_all(std::process::id().to_string().as_bytes())
+    })
 }
 
 #[cfg(test)]

@@ -333,12 +333,14 @@ impl Dir {
                     | ResolveFlag::RESOLVE_NO_MAGICLINKS
                     | ResolveFlag::RESOLVE_NO_XDEV,
             );
-            match nix::fcntl::openat2(self.raw(), rel, how) {
+            // EAGAIN: a mount or rename somewhere on the system during the
+            // lookup; EINTR: a signal. Retried, bounded.
+            match crate::retry::transient(|| nix::fcntl::openat2(self.raw(), rel, how)) {
                 Ok(fd) => return Ok(own(fd)),
                 Err(Errno::ENOSYS) | Err(Errno::EPERM) => NO_OPENAT2.store(true, Ordering::Relaxed),
-                // A concurrent rename somewhere on the system: the walk
-                // below is as strict.
-                Err(Errno::EAGAIN) => {}
+                // Still racing after the retries: the walk below is as
+                // strict (no `..`, no symlinks).
+                Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -27,6 +27,12 @@
 //!
 //! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
 //! that die with the daemon).
+//!
+//! For every syscall a busy node may answer with a transient error (openat2
+//! `RESOLVE_*` and EAGAIN, cgroupfs writes and EINTR, a cgroup's rmdir and
+//! EBUSY, mount/umount): [`retry`] (`retry::transient(|| call())`, or a
+//! [`retry::Retry`] policy with EBUSY or other bounds), bounded, returning
+//! the last error for the caller to classify.
 
 pub mod cgroup_fork;
 pub mod children;
@@ -41,6 +47,7 @@ pub mod ns;
 pub mod poll;
 pub mod process;
 pub mod procstats;
+pub mod retry;
 pub mod spawn;
 pub mod sysctl;
 pub mod watch;

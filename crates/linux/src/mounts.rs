@@ -41,13 +41,15 @@ pub fn mount_shm(path: &Path, size_bytes: u64) -> Result<(), Error> {
     }
     ensure_real_dir(path, 0o700, "shm dir")?;
     let data = format!("mode=1777,size={size_bytes}");
-    nix::mount::mount(
-        Some("shm"),
-        path,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some(data.as_str()),
-    )
+    crate::retry::transient(|| {
+        nix::mount::mount(
+            Some("shm"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some(data.as_str()),
+        )
+    })
     .map_err(|e| Error::Io {
         op: "mount shm tmpfs on",
         path: path.to_path_buf(),
@@ -188,13 +190,15 @@ fn overlay(
                 ),
             ));
         }
-        nix::mount::mount(
-            Some("overlay"),
-            &target,
-            Some("overlay"),
-            flags,
-            Some(data.as_str()),
-        )
+        crate::retry::transient(|| {
+            nix::mount::mount(
+                Some("overlay"),
+                &target,
+                Some("overlay"),
+                flags,
+                Some(data.as_str()),
+            )
+        })
         .map_err(|e| Error::Io {
             op: "mount overlay on",
             path: target.clone(),
@@ -235,7 +239,9 @@ pub(crate) fn unmount_all(path: &Path) -> Result<(), Error> {
     // Bounded: a pin or a pod's /dev/shm is mounted once; more means
     // someone stacked mounts.
     for _ in 0..16 {
-        match nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+        // Lazy: never EBUSY; EINTR/EAGAIN retried, bounded.
+        let detach = || nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+        match crate::retry::transient(detach) {
             Ok(()) => continue,
             Err(Errno::EINVAL | Errno::ENOENT) => return Ok(()),
             Err(e) => {
@@ -341,16 +347,26 @@ pub fn resolve_in_root(root: &Path, rel: &str) -> Result<std::path::PathBuf, Err
                 | ResolveFlag::RESOLVE_NO_XDEV,
         );
     let path = if rel.is_empty() { "." } else { rel };
-    let fd = openat2(std::os::fd::AsRawFd::as_raw_fd(&dir), path, how).map_err(|e| match e {
-        // What the path names is missing or not reachable without leaving
-        // the root's mount: the caller's path is at fault.
-        Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV => {
-            Error::invalid("path in root", format!("{}: {}", quoted(rel), e.desc()))
+    // EAGAIN: a mount or rename somewhere on the system while the lookup
+    // went through `..`; the kernel asks to try again. Still racing after
+    // the retries (or no openat2): the same walk in user space, which no
+    // rename or mount can disturb.
+    let fd =
+        match crate::retry::transient(|| openat2(std::os::fd::AsRawFd::as_raw_fd(&dir), path, how))
+        {
+            // SAFETY: a fresh fd from openat2(2), owned by nothing else.
+            Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Err(Errno::EAGAIN | Errno::ENOSYS) => walk_in_root(&dir, rel),
+            Err(e) => Err(e),
         }
-        e => err("resolve in root", e),
-    })?;
-    // SAFETY: a fresh fd from openat2(2), owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        .map_err(|e| match e {
+            // What the path names is missing or not reachable without leaving
+            // the root's mount: the caller's path is at fault.
+            Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV => {
+                Error::invalid("path in root", format!("{}: {}", quoted(rel), e.desc()))
+            }
+            e => err("resolve in root", e),
+        })?;
     let real = std::fs::read_link(format!(
         "/proc/self/fd/{}",
         std::os::fd::AsRawFd::as_raw_fd(&fd)
@@ -364,6 +380,78 @@ pub fn resolve_in_root(root: &Path, rel: &str) -> Result<std::path::PathBuf, Err
         ));
     }
     Ok(real)
+}
+
+/// [`resolve_in_root`]'s lookup in user space (openat2 `RESOLVE_IN_ROOT |
+/// RESOLVE_NO_XDEV` semantics): one `O_PATH | O_NOFOLLOW` open per
+/// component, holding every directory on the way, so that `..` goes back
+/// to the one held (stopping at the root) instead of asking the kernel for
+/// a parent a concurrent rename may have moved; symlinks are read and
+/// walked in their place (absolute ones from the root), at most 40; every
+/// step stays on the root's file system. Errors as openat2's.
+fn walk_in_root(root: &std::os::fd::OwnedFd, rel: &str) -> Result<std::os::fd::OwnedFd, Errno> {
+    use nix::fcntl::{OFlag, openat, readlinkat};
+    use nix::sys::stat::{Mode, SFlag, fstat};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    const MAX_LINKS: usize = 40;
+    let open = |dir: &OwnedFd, name: &[u8]| -> Result<OwnedFd, Errno> {
+        let fd = openat(
+            Some(dir.as_raw_fd()),
+            std::ffi::OsStr::from_bytes(name),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        // SAFETY: a fresh fd from openat(2), owned by nothing else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let root_dev = fstat(root.as_raw_fd())?.st_dev;
+    // The directories below the root down to the current one.
+    let mut held: Vec<OwnedFd> = Vec::new();
+    // Components still to walk, the next one last.
+    let mut todo: Vec<Vec<u8>> = rel
+        .as_bytes()
+        .rsplit(|b| *b == b'/')
+        .map(<[u8]>::to_vec)
+        .collect();
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        match name.as_slice() {
+            b"" | b"." => continue,
+            b".." => {
+                held.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let fd = open(held.last().unwrap_or(root), &name)?;
+        let st = fstat(fd.as_raw_fd())?;
+        if st.st_dev != root_dev {
+            return Err(Errno::EXDEV);
+        }
+        match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+            SFlag::S_IFDIR => held.push(fd),
+            SFlag::S_IFLNK => {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(Errno::ELOOP);
+                }
+                let target = readlinkat(Some(fd.as_raw_fd()), "")?;
+                let target = target.as_bytes();
+                if target.starts_with(b"/") {
+                    held.clear();
+                }
+                todo.extend(target.rsplit(|b| *b == b'/').map(<[u8]>::to_vec));
+            }
+            // A file names nothing below it, not even `.` or `..`.
+            _ if todo.is_empty() => return Ok(fd),
+            _ => return Err(Errno::ENOTDIR),
+        }
+    }
+    match held.pop() {
+        Some(fd) => Ok(fd),
+        None => open(root, b"."),
+    }
 }
 
 /// Bind-mounts `source` at `target` (an existing dir) id-mapped through the
@@ -403,14 +491,14 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
         }
     };
     // SAFETY: a valid C string; the kernel returns a new fd or -1.
-    let tree = unsafe {
+    let tree = retried_syscall(|| unsafe {
         libc::syscall(
             libc::SYS_open_tree,
             libc::AT_FDCWD,
             src.as_ptr(),
             OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
         )
-    };
+    });
     if tree < 0 {
         return Err(io("open_tree", source));
     }
@@ -423,7 +511,7 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
         userns_fd: ns.as_raw_fd() as u64,
     };
     // SAFETY: valid fd, empty C string, a properly sized mount_attr.
-    let rc = unsafe {
+    let rc = retried_syscall(|| unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
@@ -432,12 +520,12 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
             &raw const attr,
             std::mem::size_of::<MountAttr>(),
         )
-    };
+    });
     if rc < 0 {
         return Err(io("mount_setattr(MOUNT_ATTR_IDMAP)", source));
     }
     // SAFETY: valid fds and C strings.
-    let rc = unsafe {
+    let rc = retried_syscall(|| unsafe {
         libc::syscall(
             libc::SYS_move_mount,
             tree.as_raw_fd(),
@@ -446,11 +534,27 @@ pub fn mount_idmapped(source: &Path, target: &Path, userns: &Path) -> Result<(),
             dst.as_ptr(),
             MOVE_MOUNT_F_EMPTY_PATH,
         )
-    };
+    });
     if rc < 0 {
         return Err(io("move_mount", target));
     }
     Ok(())
+}
+
+/// A raw syscall (`-1` and errno on failure) retried on EAGAIN/EINTR;
+/// errno still holds the last failure's when it returns `-1`.
+fn retried_syscall(mut call: impl FnMut() -> libc::c_long) -> libc::c_long {
+    let r = crate::retry::transient(|| match call() {
+        rc if rc < 0 => Err(Errno::last()),
+        rc => Ok(rc),
+    });
+    match r {
+        Ok(rc) => rc,
+        Err(e) => {
+            Errno::set_raw(e as i32);
+            -1
+        }
+    }
 }
 
 /// `s` quoted for an error message, at most 256 bytes of it.
@@ -549,5 +653,84 @@ mod tests {
         assert_eq!(resolve_in_root(&root, "a/../../..").unwrap(), real);
         let e = resolve_in_root(&root, "missing").unwrap_err();
         assert!(e.to_string().contains("\"missing\""), "{e}");
+    }
+
+    /// The user-space walk answers as openat2 does, case by case.
+    #[test]
+    fn the_walk_in_root_agrees_with_openat2() {
+        use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+        use nix::sys::stat::Mode;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/file"), b"x").unwrap();
+        std::fs::create_dir_all(t.path().join("outside")).unwrap();
+        let link =
+            |target: &str, name: &str| std::os::unix::fs::symlink(target, root.join(name)).unwrap();
+        link("/a/b", "abs");
+        link("../../../outside", "a/up");
+        link("/", "slash");
+        link("loop2", "loop1");
+        link("loop1", "loop2");
+        link("a/file", "tofile");
+        link("/proc/self", "proc");
+        // A chain that climbs before each next link.
+        for i in 0..8 {
+            link(&format!("{}c{}", "../".repeat(5), i + 1), &format!("c{i}"));
+        }
+        link("a/b", "c8");
+        let at_root = |p: &std::path::Path| {
+            let fd = open(
+                p,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
+            // SAFETY: a fresh fd from open(2).
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        };
+        let dir = at_root(&root);
+        let real =
+            |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(
+                ResolveFlag::RESOLVE_IN_ROOT
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            );
+        for rel in [
+            "",
+            ".",
+            "a",
+            "a/b",
+            "a/b/",
+            "abs",
+            "abs/..",
+            "a/up",
+            "../outside",
+            "a/../../..",
+            "slash",
+            "slash/a/b",
+            "missing",
+            "a/missing/x",
+            "loop1",
+            "tofile",
+            "tofile/",
+            "tofile/..",
+            "a/file/x",
+            "c0",
+            "c3",
+            "proc",
+            "/a/b",
+            "//a//b//",
+        ] {
+            let kernel = openat2(dir.as_raw_fd(), if rel.is_empty() { "." } else { rel }, how)
+                // SAFETY: a fresh fd from openat2(2).
+                .map(|fd| real(&unsafe { OwnedFd::from_raw_fd(fd) }));
+            let walked = walk_in_root(&dir, rel).map(|fd| real(&fd));
+            assert_eq!(walked, kernel, "{rel:?}");
+        }
     }
 }

@@ -166,13 +166,15 @@ fn pin_with_user_namespace(
         for (name, file) in all {
             let source = format!("/proc/{pid}/ns/{name}");
             let target = format!("/proc/self/fd/{}", file.as_raw_fd());
-            if let Err(e) = nix::mount::mount(
-                Some(source.as_str()),
-                target.as_str(),
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            ) {
+            if let Err(e) = crate::retry::transient(|| {
+                nix::mount::mount(
+                    Some(source.as_str()),
+                    target.as_str(),
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+            }) {
                 for t in &mounted {
                     let _ = nix::mount::umount2(t.as_str(), nix::mount::MntFlags::MNT_DETACH);
                 }
@@ -328,13 +330,15 @@ pub fn pin_namespaces(dir: &Path, opts: &PinOptions) -> Result<PinnedNamespaces,
         for (kind, path, file) in &targets {
             let source = format!("/proc/thread-self/ns/{}", kind.proc_name());
             let target = format!("/proc/thread-self/fd/{}", file.as_raw_fd());
-            let res = nix::mount::mount(
-                Some(source.as_str()),
-                target.as_str(),
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            );
+            let res = crate::retry::transient(|| {
+                nix::mount::mount(
+                    Some(source.as_str()),
+                    target.as_str(),
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+            });
             if let Err(e) = res {
                 for path in mounted {
                     let _ = unmount_all(path);

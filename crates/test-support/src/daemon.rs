@@ -106,6 +106,7 @@ impl DaemonBuilder {
             cni_conf_dir,
             log,
             dir: Some(dir),
+            _noisy: crate::noisy::shared(),
         };
         daemon.spawn();
         daemon.wait_ready().await;
@@ -124,6 +125,9 @@ pub struct Daemon {
     pub cni_conf_dir: PathBuf,
     pub log: PathBuf,
     dir: Option<tempfile::TempDir>,
+    /// The process's noisy neighbour runs while any daemon does (dropped
+    /// last: after the daemon's teardown).
+    _noisy: Option<crate::noisy::NoisyGuard>,
 }
 
 impl Daemon {

@@ -3,7 +3,8 @@
 //! runs it ([`daemon`]), counted skips ([`skip`]), what the run says
 //! through its environment ([`run_env`]), CRI calls many suites make
 //! ([`cri`]), CNI networks of a test's own ([`network`]), host probes
-//! ([`host`]), the streaming tests' peers (node client, raw HTTP, an echo
+//! ([`host`]), a noisy neighbour that mounts and renames while the suites
+//! run ([`noisy`]), the streaming tests' peers (node client, raw HTTP, an echo
 //! server in a netns: [`peers`]), a real registry with image builders
 //! ([`registry`]), and
 //! the start most suites share: a daemon that pulled a test image from a
@@ -15,6 +16,7 @@ pub mod cri;
 pub mod daemon;
 pub mod host;
 pub mod network;
+pub mod noisy;
 pub mod peers;
 pub mod registry;
 pub mod run_env;
@@ -25,6 +27,7 @@ pub use cri::*;
 pub use daemon::{Daemon, DaemonBuilder, connect, run_crust};
 pub use host::*;
 pub use network::*;
+pub use noisy::{NOISY_ENV, Noisy};
 pub use run_env::{CGROUP_DRIVER_ENV, SLOWDOWN_ENV, cgroup_driver, crust_bin, patience};
 pub use setup::{WithImage, daemon_with_image};
 pub use skip::{Need, SkipReason, report_skip, require, skipped};
