@@ -18,10 +18,7 @@ pub enum Searcher {
     /// it does not know pods' mappings yet).
     Others,
     /// The host ids a pod maps: `[first, first + length)` of uids, of gids.
-    Mapped {
-        uids: (u32, u32),
-        gids: (u32, u32),
-    },
+    Mapped { uids: (u32, u32), gids: (u32, u32) },
 }
 
 impl Searcher {
@@ -170,7 +167,9 @@ mod tests {
         std::fs::create_dir_all(&root).unwrap();
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let b = first_unsearchable(&root, Searcher::Others).unwrap().unwrap();
+        let b = first_unsearchable(&root, Searcher::Others)
+            .unwrap()
+            .unwrap();
         assert_eq!(b.dir, std::fs::canonicalize(&private).unwrap());
         assert_eq!(b.mode & 0o7777, 0o700);
         assert!(b.to_string().contains("mode 0700"), "{b}");
