@@ -157,11 +157,11 @@ impl HandlerFeatures {
     /// Every feature by its CRI name (a `RuntimeHandlerFeatures` field):
     /// the one list CRI Status (crictl info) and `crust status` (the admin
     /// API) both come from. Destructured, so a new field must be named here.
-    pub fn named(&self) -> [(&'static str, bool); 2] {
+    pub fn named(self) -> [(&'static str, bool); 2] {
         let HandlerFeatures {
             recursive_read_only_mounts,
             user_namespaces,
-        } = *self;
+        } = self;
         [
             ("recursive_read_only_mounts", recursive_read_only_mounts),
             ("user_namespaces", user_namespaces),
@@ -169,7 +169,7 @@ impl HandlerFeatures {
     }
 
     /// The names of the features this handler has (`crust status`).
-    pub fn enabled(&self) -> Vec<String> {
+    pub fn enabled(self) -> Vec<String> {
         self.named()
             .into_iter()
             .filter(|(_, on)| *on)
@@ -178,7 +178,7 @@ impl HandlerFeatures {
     }
 
     /// As CRI Status reports them, built from [`Self::named`].
-    pub fn to_cri(&self) -> crust_api::v1::RuntimeHandlerFeatures {
+    pub fn to_cri(self) -> crust_api::v1::RuntimeHandlerFeatures {
         let mut cri = crust_api::v1::RuntimeHandlerFeatures::default();
         for (name, on) in self.named() {
             let field = match name {
