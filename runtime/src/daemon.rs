@@ -87,6 +87,7 @@ impl Daemon {
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
+        warn_if_root_unsearchable(&config.root);
         let run_dir_lock = lock_run_dir(&config.run_dir)?;
         let systemd = config.cgroup_driver == CgroupDriver::Systemd;
         let cgroups =
@@ -307,6 +308,19 @@ fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
             )
         }
         Err((_, e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
+/// Says once, at start, when pods with user namespaces cannot run under
+/// `root`: their mapped users must search every directory down to it.
+fn warn_if_root_unsearchable(root: &Path) {
+    use crate::pods::root_access::{Searcher, first_unsearchable};
+    if let Ok(Some(b)) = first_unsearchable(root, Searcher::Others) {
+        warn!(
+            "--root {}: {b} cannot be searched by other users; pods with user namespaces \
+             will be refused unless it is (o+x) or their mapped users own it",
+            root.display()
+        );
     }
 }
 

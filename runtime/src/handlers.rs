@@ -153,6 +153,46 @@ pub struct HandlerFeatures {
     pub user_namespaces: bool,
 }
 
+impl HandlerFeatures {
+    /// Every feature by its CRI name (a `RuntimeHandlerFeatures` field):
+    /// the one list CRI Status (crictl info) and `crust status` (the admin
+    /// API) both come from. Destructured, so a new field must be named here.
+    pub fn named(self) -> [(&'static str, bool); 2] {
+        let HandlerFeatures {
+            recursive_read_only_mounts,
+            user_namespaces,
+        } = self;
+        [
+            ("recursive_read_only_mounts", recursive_read_only_mounts),
+            ("user_namespaces", user_namespaces),
+        ]
+    }
+
+    /// The names of the features this handler has (`crust status`).
+    pub fn enabled(self) -> Vec<String> {
+        self.named()
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name.to_string())
+            .collect()
+    }
+
+    /// As CRI Status reports them, built from [`Self::named`].
+    pub fn to_cri(self) -> crust_api::v1::RuntimeHandlerFeatures {
+        let mut cri = crust_api::v1::RuntimeHandlerFeatures::default();
+        for (name, on) in self.named() {
+            let field = match name {
+                "recursive_read_only_mounts" => &mut cri.recursive_read_only_mounts,
+                "user_namespaces" => &mut cri.user_namespaces,
+                // `named` lists the fields above only (its unit test).
+                _ => continue,
+            };
+            *field = on;
+        }
+        cri
+    }
+}
+
 /// Detects every handler's features once (a CLI runtime is asked with its
 /// `features` command, as containerd does; one that has none, or does not
 /// list `rro`, is taken not to support it).
@@ -245,6 +285,31 @@ fn features_list_mount_option(json: &[u8], option: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each named feature turns on the CRI field of that name, and only it.
+    #[test]
+    fn feature_names_are_the_cri_fields() {
+        let none = HandlerFeatures::default();
+        assert!(none.named().iter().all(|(_, on)| !on));
+        assert_eq!(none.to_cri(), Default::default());
+        for i in 0..none.named().len() {
+            let one = match i {
+                0 => HandlerFeatures {
+                    recursive_read_only_mounts: true,
+                    ..none
+                },
+                _ => HandlerFeatures {
+                    user_namespaces: true,
+                    ..none
+                },
+            };
+            let names = one.enabled();
+            assert_eq!(names.len(), 1, "{one:?}");
+            let cri = format!("{:?}", one.to_cri());
+            assert!(cri.contains(&format!("{}: true", names[0])), "{cri}");
+            assert_eq!(cri.matches(": true").count(), 1, "{cri}");
+        }
+    }
 
     #[test]
     fn kernel_versions() {

@@ -562,6 +562,64 @@ async fn status_shows_what_the_daemon_runs_with() {
     drop(env.reg);
 }
 
+/// `crust status` lists each handler's features exactly as CRI Status
+/// (crictl info) reports them: it left out `user_namespaces`.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_lists_the_handler_features_cri_status_reports() {
+    use std::collections::BTreeSet;
+    let d = Daemon::builder().start().await;
+    let mut rt = d.runtime_v1().await;
+    let cri: HashMap<String, BTreeSet<String>> = rt
+        .status(v1::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .runtime_handlers
+        .into_iter()
+        .map(|h| {
+            let f = h.features.unwrap_or_default();
+            let on: BTreeSet<String> = [
+                ("recursive_read_only_mounts", f.recursive_read_only_mounts),
+                ("user_namespaces", f.user_namespaces),
+            ]
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| n.to_string())
+            .collect();
+            (h.name, on)
+        })
+        .collect();
+    let out = crust(&d, &["status"]);
+    // `  <name>: <kind>[ <path>][ [f1, f2]]` under `handlers:`.
+    let cli: HashMap<String, BTreeSet<String>> = out
+        .lines()
+        .skip_while(|l| *l != "handlers:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| {
+            let (name, rest) = l.trim_start().split_once(": ").unwrap();
+            let name = if name == "\"\" (default)" { "" } else { name };
+            let features = rest
+                .split_once(" [")
+                .map(|(_, f)| {
+                    f.trim_end_matches(']')
+                        .split(", ")
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            (name.to_string(), features)
+        })
+        .collect();
+    assert!(!cri.is_empty());
+    assert_eq!(cli, cri, "crust status:\n{out}");
+    // This kernel has user namespaces: the comparison is not of empties.
+    assert!(
+        cri.values().any(|f| f.contains("user_namespaces")),
+        "{cri:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn log_level_changes_for_a_while_and_reverts_by_itself() {
     let d = Daemon::builder()

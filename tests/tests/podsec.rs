@@ -954,3 +954,125 @@ async fn cdi_devices_crun() {
     require!(Need::Crun);
     cdi_devices("crun").await;
 }
+
+// ---------------------------------------------------------------------------
+// User namespaces: refusals up front (issue 27)
+
+/// A gid mapping whose length differs from the uid mapping's is refused
+/// at RunPodSandbox, naming the field, and leaves no pod behind.
+async fn userns_gid_length_differs(handler: &str) {
+    let mut e = env().await;
+    let _net = crust_test_support::TestNetwork::install(&e.d, &[]);
+    let mut config = userns_pod(
+        &e,
+        "gid-length",
+        vec![mapping(0, USERNS_HOST_ID, 65536)],
+        v1::NamespaceMode::Pod,
+    );
+    config
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap()
+        .userns_options
+        .as_mut()
+        .unwrap()
+        .gids = vec![mapping(0, USERNS_HOST_ID, 1000)];
+    let err = e.try_pod(config, handler).await.unwrap_err();
+    assert_eq!(
+        (err.code(), field_of(&err)),
+        (
+            Code::InvalidArgument,
+            "config.linux.security_context.namespace_options.userns_options.gids"
+        ),
+        "{err}"
+    );
+    let pods =
+        e.rt.list_pod_sandbox(v1::ListPodSandboxRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+    assert!(pods.is_empty(), "{pods:?}");
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userns_gid_length_differs_embedded() {
+    userns_gid_length_differs("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userns_gid_length_differs_runc() {
+    require!(Need::Runc);
+    userns_gid_length_differs("runc").await;
+}
+
+/// crust's `--root` under a directory the pod's mapped users cannot search
+/// (a 0700 temp dir): RunPodSandbox with a user namespace answers
+/// FailedPrecondition naming that directory and its mode, and the daemon
+/// said so once at start.
+async fn userns_root_not_searchable(handler: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let private = tempfile::Builder::new()
+        .prefix("crust-private-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut e = env_with(Daemon::builder().root(private.path().join("root"))).await;
+    let _net = crust_test_support::TestNetwork::install(&e.d, &[]);
+    let config = userns_pod(
+        &e,
+        "private-root",
+        vec![mapping(0, USERNS_HOST_ID, 65536)],
+        v1::NamespaceMode::Pod,
+    );
+    let res = e.try_pod(config, handler).await;
+    let dir = private.path().display().to_string();
+    match res {
+        Ok(pod) => {
+            e.remove_pod(&pod).await;
+            panic!("RunPodSandbox succeeded under {dir} (0700)");
+        }
+        Err(err) => {
+            assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+            assert!(
+                err.message().contains(&dir) && err.message().contains("0700"),
+                "{err}"
+            );
+        }
+    }
+    let pods =
+        e.rt.list_pod_sandbox(v1::ListPodSandboxRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+    assert!(pods.is_empty(), "{pods:?}");
+    // A pod without a user namespace runs there as before.
+    let plain = e.pod("plain", handler).await;
+    e.remove_pod(&plain).await;
+    let log = std::fs::read_to_string(&e.d.log).unwrap();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("cannot be searched by other users") && l.contains(&dir))
+        .count();
+    assert_eq!(warnings, 1, "one warning at start naming {dir}:\n{log}");
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userns_root_not_searchable_embedded() {
+    userns_root_not_searchable("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userns_root_not_searchable_runc() {
+    require!(Need::Runc);
+    userns_root_not_searchable("runc").await;
+}

@@ -16,6 +16,7 @@
 //!   [`mountinfo`] reads the mount table.
 //!
 //! For a container's monitor: [`process`] (fork, sessions, signals, exec),
+//! [`proctree`] (killing a process with all it started),
 //! [`children`] (SIGCHLD and reaping), [`poll`], [`console`] (ptys and
 //! descriptor passing), [`ns::ProcessNamespaces`] (joining a container),
 //! [`cgroup_fork`] (a child started in a cgroup v2 group at clone time),
@@ -47,6 +48,7 @@ pub mod ns;
 pub mod poll;
 pub mod process;
 pub mod procstats;
+pub mod proctree;
 pub mod retry;
 pub mod spawn;
 pub mod sysctl;

@@ -33,6 +33,9 @@ impl Pods {
         F: FnOnce(PodRecord) -> Fut,
         Fut: Future<Output = Result<G, PodError>>,
     {
+        if let Some(m) = &spec.userns {
+            self.check_root_searchable(m).await?;
+        }
         let network = if spec.host_network {
             None
         } else {

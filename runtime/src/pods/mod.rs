@@ -21,6 +21,7 @@
 //! - `recovery`: reconciling the store with the node at start;
 //! - `host`: the node effects ([`PodHost`], [`RealPodHost`]);
 //! - `pause`: the pause process of a pod with a shared PID namespace;
+//! - `root_access`: whether a pod's user namespace can reach `--root`;
 //! - `spec`: the RunPodSandbox request, checked; `record`: what is stored;
 //!   `files`: the pod's /etc files; `info`: verbose status.
 
@@ -32,6 +33,7 @@ mod lifecycle;
 mod pause;
 mod record;
 mod recovery;
+pub mod root_access;
 mod spec;
 #[cfg(test)]
 mod tests;

@@ -41,7 +41,8 @@ pub struct DnsSpec {
 }
 
 /// `userns_options`: NODE, or POD with exactly one uid and one gid mapping
-/// that maps container ID 0 (what kubelet sends and the CRI allows), in a
+/// of the same length that map container ID 0 (what kubelet sends and the
+/// CRI allows), in a
 /// pod with its own network, IPC and PID namespaces.
 fn user_namespace(
     u: &crust_api::v1::UserNamespace,
@@ -110,9 +111,23 @@ fn user_namespace(
             length: m.length,
         })
     };
+    let uids = one("uids", &u.uids)?;
+    let gids = one("gids", &u.gids)?;
+    // kubelet maps uids and gids alike; with lengths apart, ids that exist
+    // as a uid have no gid (or the reverse), and the pause process failed
+    // only later, as an Internal error.
+    if gids.length != uids.length {
+        return Err(PodError::invalid(
+            &format!("{F}.gids"),
+            format!(
+                "the gid mapping's length {} differs from the uid mapping's {}",
+                gids.length, uids.length
+            ),
+        ));
+    }
     Ok(Some(ns::UserNsMappings {
-        uids: vec![one("uids", &u.uids)?],
-        gids: vec![one("gids", &u.gids)?],
+        uids: vec![uids],
+        gids: vec![gids],
     }))
 }
 
@@ -635,6 +650,10 @@ mod tests {
             field(userns(NamespaceMode::Pod, good.clone(), not0)),
             format!("{F}.gids")
         );
+        let shorter = vec![map(0, 100000, 65535)];
+        let err = invalid(userns(NamespaceMode::Pod, good.clone(), shorter));
+        assert!(err.starts_with(&format!("{F}.gids:")), "{err}");
+        assert!(err.contains("65535") && err.contains("65536"), "{err}");
         let overflow = vec![map(0, u32::MAX, 2)];
         assert_eq!(
             field(userns(NamespaceMode::Pod, overflow, good.clone())),

@@ -38,10 +38,8 @@ impl DaemonService for Admin {
                     Some(RuntimeConfig::Cli { path, .. }) => ("cli", path.display().to_string()),
                     _ => ("embedded", String::new()),
                 };
-                let mut features = Vec::new();
-                if d.handlers.features(name).recursive_read_only_mounts {
-                    features.push("recursive_read_only_mounts".to_string());
-                }
+                // The same list as CRI Status's (HandlerFeatures::named).
+                let features = d.handlers.features(name).enabled();
                 Handler {
                     name: name.clone(),
                     kind: kind.into(),

@@ -389,10 +389,7 @@ impl Cri {
             .names()
             .map(|name| RuntimeHandler {
                 name: name.clone(),
-                features: Some(RuntimeHandlerFeatures {
-                    recursive_read_only_mounts: handlers.features(name).recursive_read_only_mounts,
-                    user_namespaces: handlers.features(name).user_namespaces,
-                }),
+                features: Some(handlers.features(name).to_cri()),
             })
             .collect()
     }

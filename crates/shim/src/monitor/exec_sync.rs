@@ -90,19 +90,40 @@ impl Jobs {
         }
     }
 
-    /// Kills job `id`'s process if it still runs: nobody wants the result.
+    /// Kills job `id`'s process tree if it still runs: nobody wants the
+    /// result.
     pub fn abandon(&mut self, id: u64) {
         if let Some(j) = self.jobs.get(&id)
             && j.running()
         {
-            let _ = crust_linux::process::send_signal(j.pid, libc::SIGKILL);
+            kill_job_tree(j.pid);
         }
     }
 
-    /// Kills every job's process (the container has exited).
+    /// Kills every job's process tree (the container has exited).
     pub fn kill_all(&self) {
         for j in self.jobs.values().filter(|j| j.running()) {
-            let _ = crust_linux::process::send_signal(j.pid, libc::SIGKILL);
+            kill_job_tree(j.pid);
+        }
+    }
+}
+
+/// Kills an exec-sync's process and all it started that can still be
+/// told from the container's own processes (see `crust_linux::proctree`):
+/// a probe that timed out must not leave its background children behind.
+/// `pid` is our child, not yet reaped.
+fn kill_job_tree(pid: i32) {
+    match crust_linux::proctree::kill_tree(pid) {
+        Ok(r) if r.unfinished => {
+            eprintln!(
+                "crust-shim: exec-sync {pid}: its process tree still grew after the last walk ({} killed)",
+                r.members
+            )
+        }
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("crust-shim: exec-sync {pid}: killing its process tree: {e}");
+            let _ = crust_linux::process::send_signal(pid, libc::SIGKILL);
         }
     }
 }
@@ -133,6 +154,7 @@ impl Monitor {
                 process: &pfile,
                 pid_file: &pidfile,
                 console_socket: None,
+                own_orphans: true,
                 stdio: Stdio {
                     stdin: None,
                     stdout: Some(out_w),
@@ -215,7 +237,7 @@ impl Monitor {
             };
             if j.running() && !j.timed_out && j.deadline.is_some_and(|d| now >= d) {
                 j.timed_out = true;
-                let _ = crust_linux::process::send_signal(j.pid, libc::SIGKILL);
+                kill_job_tree(j.pid);
             }
             if !j.running() {
                 self.finish_job(id);

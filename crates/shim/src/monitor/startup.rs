@@ -266,6 +266,7 @@ impl Monitor {
                     process: &dir.join(PROCESS_FILE),
                     pid_file: &pid_file,
                     console_socket: console.as_deref(),
+                    own_orphans: false,
                     stdio: child_stdio,
                 },
             ),

@@ -252,6 +252,7 @@ impl OciRuntime for EmbeddedRuntime {
                 process: &process,
                 join_cgroup: &join_cgroup,
                 console_socket: opts.console_socket,
+                subreaper: opts.own_orphans,
                 stdio: [stdio.stdin, stdio.stdout, stdio.stderr],
             })?;
             Ok(pid as i64)

@@ -67,6 +67,10 @@ pub(super) struct JoinRequest<'a> {
     pub join_cgroup: &'a dyn Fn(Pid) -> Result<(), String>,
     /// Where the pty master goes when `process.terminal`.
     pub console_socket: Option<&'a Path>,
+    /// Make the process a child subreaper (kept across execve): orphans of
+    /// what it starts are reparented to it, not to the container's init,
+    /// so its whole tree can be found and killed (exec-sync timeouts).
+    pub subreaper: bool,
     /// stdin, stdout, stderr (`None`: /dev/null); unused with a pty.
     pub stdio: [Option<OwnedFd>; 3],
 }
@@ -133,7 +137,12 @@ pub(super) fn exec_in_container(req: JoinRequest<'_>) -> Result<i32, String> {
             let res = cgroup_ns
                 .enter()
                 .map_err(|e| format!("joining the container's cgroup namespace: {e}"))
-                .and_then(|()| become_process(process, args, seccomp, stdio));
+                .and_then(|()| {
+                    if req.subreaper {
+                        sys::set_child_subreaper().map_err(|e| format!("subreaper: {e}"))?;
+                    }
+                    become_process(process, args, seccomp, stdio)
+                });
             // Only reached on failure: tell the caller why, then go.
             let msg = match res {
                 Ok(never) => match never {},

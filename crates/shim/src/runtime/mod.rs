@@ -66,6 +66,11 @@ pub struct ExecOptions<'a> {
     /// Where the runtime writes the exec process's pid (absolute).
     pub pid_file: &'a Path,
     pub console_socket: Option<&'a Path>,
+    /// The process is made a child subreaper where the runtime allows
+    /// (embedded only: runc and crun run no code of ours in between), so
+    /// that what it daemonises stays in its tree and an exec-sync timeout
+    /// can kill all of it.
+    pub own_orphans: bool,
     pub stdio: Stdio,
 }
 
