@@ -26,6 +26,9 @@
 //!
 //! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
 //! that die with the daemon).
+//!
+//! For the monitor binary itself: [`sealed`] (the sealed in-memory copy
+//! every monitor runs from, so that no container can reach the host file).
 
 pub mod cgroup_fork;
 pub mod children;
@@ -39,6 +42,7 @@ pub mod ns;
 pub mod poll;
 pub mod process;
 pub mod procstats;
+pub mod sealed;
 pub mod spawn;
 pub mod sysctl;
 pub mod watch;
