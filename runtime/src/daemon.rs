@@ -84,6 +84,14 @@ impl Daemon {
     /// Opens everything and recovers the pods and containers of a previous
     /// run.
     pub async fn open(config: Config, metrics: Arc<Metrics>) -> anyhow::Result<Daemon> {
+        // First: a node where monitors cannot run from a sealed copy of
+        // their binary refuses to start before touching anything.
+        let launcher = tokio::task::spawn_blocking({
+            let config = config.clone();
+            move || Launcher::from_config(&config)
+        })
+        .await?
+        .context("preparing the monitor binary")?;
         for dir in [&config.root, &config.run_dir] {
             create_private_dir(dir)?;
         }
@@ -102,7 +110,6 @@ impl Daemon {
         let mut facts = crate::node::runtime_facts(cgroups.fs(), systemd);
         facts.apparmor_default_profile = apparmor.default_profile();
         let handlers = Arc::new(Handlers::detect(&config).await);
-        let launcher = Launcher::from_config(&config);
 
         let pod_host = RealPodHost::new(
             open_cni(&config, &network.pod_cidrs)?,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crust_oci::Spec;
 use crust_quote::quote_os;
-use crust_shim_protocol::{RuntimeConfig, ShimConfig, SpawnOptions};
+use crust_shim_protocol::{RuntimeConfig, ShimBinary, ShimConfig, SpawnOptions};
 
 use crate::config::Config;
 use crate::monitor::Monitor;
@@ -62,16 +62,17 @@ impl From<tokio::task::JoinError> for LaunchError {
     }
 }
 
-/// Spawns monitors with the configured `crust-shim` binary.
+/// Spawns monitors from the sealed copy of the configured `crust-shim`
+/// binary, made once when the daemon starts.
 #[derive(Debug, Clone)]
 pub struct Launcher {
-    shim_binary: PathBuf,
+    shim_binary: ShimBinary,
     /// `log_size_max`: a log file's cap, enforced by its monitor (0: none).
     log_size_max: u64,
 }
 
 impl Launcher {
-    pub fn new(shim_binary: PathBuf) -> Launcher {
+    pub fn new(shim_binary: ShimBinary) -> Launcher {
         Launcher {
             shim_binary,
             log_size_max: 0,
@@ -86,15 +87,27 @@ impl Launcher {
     }
 
     /// The `crust-shim` binary the config names, else the one next to
-    /// this executable.
-    pub fn from_config(config: &Config) -> Launcher {
-        let shim_binary = config.shim_binary.clone().unwrap_or_else(|| {
+    /// this executable: copied into a sealed memfd that every monitor runs
+    /// from (CVE-2019-5736: no container process is ever backed by the
+    /// host file). Fails where the kernel cannot give one: running
+    /// monitors from the host file instead would expose it, so there is no
+    /// fallback.
+    pub fn from_config(config: &Config) -> Result<Launcher, crust_shim_protocol::Error> {
+        let path = config.shim_binary.clone().unwrap_or_else(|| {
             std::env::current_exe()
                 .ok()
                 .and_then(|e| e.parent().map(|d| d.join("crust-shim")))
                 .unwrap_or_else(|| PathBuf::from("/usr/local/bin/crust-shim"))
         });
-        Launcher::new(shim_binary).with_log_size_max(config.log_size_max)
+        let (shim_binary, version) = ShimBinary::seal(&path)?;
+        tracing::info!(
+            binary = %path.display(),
+            %version,
+            size = shim_binary.size(),
+            exec_bits_sealed = shim_binary.exec_bits_sealed(),
+            "monitors run from a sealed in-memory copy of the monitor binary"
+        );
+        Ok(Launcher::new(shim_binary).with_log_size_max(config.log_size_max))
     }
 
     /// Writes the bundle and spawns the monitor; returns once the

@@ -34,6 +34,9 @@
 //! EBUSY, mount/umount): [`retry`] (`retry::transient(|| call())`, or a
 //! [`retry::Retry`] policy with EBUSY or other bounds), bounded, returning
 //! the last error for the caller to classify.
+//!
+//! For the monitor binary itself: [`sealed`] (the sealed in-memory copy
+//! every monitor runs from, so that no container can reach the host file).
 
 pub mod cgroup_fork;
 pub mod children;
@@ -50,6 +53,7 @@ pub mod process;
 pub mod procstats;
 pub mod proctree;
 pub mod retry;
+pub mod sealed;
 pub mod spawn;
 pub mod sysctl;
 pub mod watch;

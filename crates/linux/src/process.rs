@@ -120,6 +120,14 @@ pub fn set_child_subreaper() -> io::Result<()> {
     Ok(())
 }
 
+/// `PR_SET_NAME`: the process's name (`/proc/PID/comm`, what `ps`, `top`
+/// and `pgrep` show; at most 15 bytes). A program run from a descriptor
+/// (`/proc/self/fd/N`) is otherwise named after the descriptor's number.
+pub fn set_name(name: &std::ffi::CStr) -> io::Result<()> {
+    nix::sys::prctl::set_name(name)?;
+    Ok(())
+}
+
 /// Whether `signal` is a signal number this system knows (1..=31 and the
 /// real-time ones nix names; 0 is not a signal).
 pub fn is_valid_signal(signal: i32) -> bool {

@@ -17,6 +17,12 @@ pub enum Error {
     /// No monitor is running for this state directory (read the exit file).
     #[error("the monitor is not running")]
     Gone,
+    /// The monitor binary cannot be used (copied, sealed or run).
+    #[error("monitor binary {}: {message}", path.display())]
+    Binary {
+        path: std::path::PathBuf,
+        message: String,
+    },
     #[error("protocol error: {0}")]
     Protocol(String),
 }

@@ -19,6 +19,8 @@ mod monitor_process;
 
 #[cfg(feature = "client")]
 mod client;
+#[cfg(feature = "client")]
+mod shim_binary;
 
 pub use messages::*;
 
@@ -32,3 +34,5 @@ pub use monitor_process::{
 
 #[cfg(feature = "client")]
 pub use client::{AttachReader, AttachWriter, Shim};
+#[cfg(feature = "client")]
+pub use shim_binary::ShimBinary;

@@ -2,26 +2,27 @@
 //! command line, pid files and `/proc`. Used by the client; blocking,
 //! std only. Nothing forks: a monitor is started with
 //! `std::process::Command` (posix_spawn / vfork + exec) and a clean
-//! environment.
+//! environment, from the sealed copy of its binary ([`ShimBinary`]).
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::exit_file::write_atomic;
 use crate::messages::*;
+use crate::shim_binary::ShimBinary;
 use crate::startup;
 
 /// Arguments of a monitor spawn.
 #[derive(Debug, Clone)]
 pub struct SpawnOptions {
-    /// The `crust-shim` binary.
-    pub shim_binary: PathBuf,
+    /// The `crust-shim` binary (its sealed copy).
+    pub shim_binary: ShimBinary,
     /// The container's state directory (created 0700 if missing).
     pub state_dir: PathBuf,
     pub config: ShimConfig,
@@ -64,7 +65,7 @@ pub(crate) fn spawn(opts: &SpawnOptions) -> Result<Pids> {
     let cfg = serde_json::to_vec(&opts.config).map_err(|e| Error::Protocol(e.to_string()))?;
     write_atomic(&opts.state_dir, CONFIG_FILE, &cfg)?;
     let _ = fs::remove_file(opts.state_dir.join(EXIT_FILE));
-    let mut cmd = Command::new(&opts.shim_binary);
+    let mut cmd = opts.shim_binary.command();
     cmd.arg("container")
         .arg(&opts.state_dir)
         .env_clear()

@@ -12,6 +12,9 @@ use crust_shim::monitor::{self, Mode};
 use crust_shim_protocol::NOFILE_ENV;
 
 fn main() {
+    // Run from the daemon's sealed copy (`/proc/self/fd/N`), or re-run
+    // through `/proc/self/exe`, the kernel names us "N" or "exe".
+    let _ = crust_linux::process::set_name(c"crust-shim");
     if let Some(n) = std::env::var(NOFILE_ENV).ok().and_then(|v| v.parse().ok()) {
         let _ = crust_linux::process::set_open_files_soft_limit(n);
     }

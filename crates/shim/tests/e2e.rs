@@ -360,6 +360,15 @@ async fn exec_sessions(rt: Rt) {
     .unwrap();
     assert!(s.pid > 0);
     assert!(s.shim.state_dir().ends_with("exec/e1"));
+    // Both monitors run from the sealed copy (the session's re-exec of
+    // /proc/self/exe included), never from the host file (CVE-2019-5736).
+    for pid in [shim.shim_pid(), s.shim.shim_pid()] {
+        let exe = std::fs::File::open(format!("/proc/{pid}/exe")).unwrap();
+        assert!(
+            crust_linux::sealed::is_sealed(std::os::fd::AsFd::as_fd(&exe)),
+            "monitor {pid} does not run from the sealed copy"
+        );
+    }
     let mut a = Attach::to(&s.shim).await.unwrap();
     a.write_stdin(b"ping\n").await.unwrap();
     a.read_until("ping\n").await;

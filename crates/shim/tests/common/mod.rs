@@ -14,13 +14,25 @@ use std::time::{Duration, Instant};
 
 use crust_shim_protocol::{
     AttachEvent, AttachReader, AttachWriter, CONTAINER_PID_FILE, RuntimeConfig, SHIM_PID_FILE,
-    Shim, ShimConfig, SpawnOptions,
+    Shim, ShimBinary, ShimConfig, SpawnOptions,
 };
 use serde_json::{Value, json};
 
 pub const RUNC: &str = "/usr/sbin/runc";
 pub const CRUN: &str = "/usr/bin/crun";
 pub const BUSYBOX: &str = "/bin/busybox";
+
+/// The monitor binary as the daemon runs it: one sealed in-memory copy
+/// per test process (so the memory tests measure what a node runs).
+pub fn shim_binary() -> ShimBinary {
+    static BIN: std::sync::OnceLock<ShimBinary> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        ShimBinary::seal(Path::new(env!("CARGO_BIN_EXE_crust-shim")))
+            .expect("sealing crust-shim")
+            .0
+    })
+    .clone()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rt {
@@ -149,7 +161,7 @@ impl Fixture {
 
     pub async fn spawn_with(&mut self, cfg: ShimConfig) -> crust_shim_protocol::Result<Shim> {
         let r = Shim::spawn(SpawnOptions {
-            shim_binary: PathBuf::from(env!("CARGO_BIN_EXE_crust-shim")),
+            shim_binary: shim_binary(),
             state_dir: self.state_dir.clone(),
             config: cfg,
             timeout: Duration::from_secs(60),
