@@ -3,7 +3,7 @@
 use crust_api::v1::ContainerConfig;
 use crust_quote::quote_os;
 
-use crate::validate::{abs_path, no_nul};
+use crate::validate::{abs_path, is_under, no_nul};
 use crate::{ImageConfig, SpecError};
 
 /// The PATH every container gets unless the image or request sets one
@@ -136,12 +136,41 @@ pub fn process_env(
 /// The working directory: the request's, else the image's, else `/`. Must be
 /// absolute (and without `..`); returned clean.
 pub fn process_cwd(config: &ContainerConfig, image: &ImageConfig) -> Result<String, SpecError> {
-    if !config.working_dir.is_empty() {
-        abs_path("config.working_dir", &config.working_dir)
+    let (field, dir) = if !config.working_dir.is_empty() {
+        ("config.working_dir", &config.working_dir)
     } else if !image.working_dir.is_empty() {
-        abs_path("image.config.WorkingDir", &image.working_dir)
+        ("image.config.WorkingDir", &image.working_dir)
     } else {
-        Ok("/".to_string())
+        return Ok("/".to_string());
+    };
+    let clean = abs_path(field, dir)?;
+    no_magic_links(field, &clean)?;
+    Ok(clean)
+}
+
+/// Where a working dir must not be: /proc (its magic links, such as
+/// /proc/self/fd/N or /proc/1/cwd, lead to whatever a descriptor of the
+/// runtime names, possibly a host dir: CVE-2024-21626) and the /dev links
+/// runtimes create into it.
+const MAGIC_DIRS: &[&str] = &[
+    "/proc",
+    "/dev/fd",
+    "/dev/stdin",
+    "/dev/stdout",
+    "/dev/stderr",
+];
+
+/// Refuses a `clean` absolute path inside one of [`MAGIC_DIRS`].
+fn no_magic_links(field: &str, clean: &str) -> Result<(), SpecError> {
+    match MAGIC_DIRS.iter().find(|d| is_under(clean, d)) {
+        Some(d) => Err(SpecError::invalid(
+            field,
+            format!(
+                "{} is inside {d}, whose entries lead outside the container",
+                quote_os(clean)
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -376,6 +405,41 @@ mod tests {
             process_cwd(&ContainerConfig::default(), &ImageConfig::default()).unwrap(),
             "/"
         );
+    }
+
+    #[test]
+    fn cwd_is_no_magic_link() {
+        for (bad, field) in [
+            ("/proc/self/fd/7", "config.working_dir"),
+            ("/proc", "config.working_dir"),
+            ("/proc/1/cwd/x", "config.working_dir"),
+            ("/dev/fd/3", "config.working_dir"),
+            ("//proc//thread-self/root", "config.working_dir"),
+            ("/dev/stdin", "config.working_dir"),
+        ] {
+            let c = ContainerConfig {
+                working_dir: bad.into(),
+                ..Default::default()
+            };
+            let e = process_cwd(&c, &ImageConfig::default()).unwrap_err();
+            assert!(e.to_string().starts_with(field), "{bad}: {e}");
+            let i = ImageConfig {
+                working_dir: bad.into(),
+                ..Default::default()
+            };
+            let e = process_cwd(&ContainerConfig::default(), &i).unwrap_err();
+            assert!(
+                e.to_string().starts_with("image.config.WorkingDir"),
+                "{bad}: {e}"
+            );
+        }
+        for ok in ["/procfs", "/dev", "/devices/fd", "/srv/proc/self"] {
+            let c = ContainerConfig {
+                working_dir: ok.into(),
+                ..Default::default()
+            };
+            assert_eq!(process_cwd(&c, &ImageConfig::default()).unwrap(), ok);
+        }
     }
 
     #[test]
