@@ -21,6 +21,8 @@
 //! [`cgroup_fork`] (a child started in a cgroup v2 group at clone time),
 //! [`watch`] (file modifications: OOM kills as they happen).
 //!
+//! For a container's rootfs before the runtime mounts over it: [`rootfs`].
+//!
 //! For image layers and crust's own files: [`fs`] (fd-relative, never
 //! following a symlink).
 //!
@@ -39,6 +41,7 @@ pub mod ns;
 pub mod poll;
 pub mod process;
 pub mod procstats;
+pub mod rootfs;
 pub mod spawn;
 pub mod sysctl;
 pub mod watch;
