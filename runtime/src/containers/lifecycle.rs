@@ -201,17 +201,40 @@ impl Containers {
                 };
                 host.prepare_rootfs(&r, &lowers)?;
                 crash::point("container.create.rootfs");
+                let pod_files: Vec<&str> = [
+                    ("etc/hostname", &pod.facts.hostname_file),
+                    ("etc/hosts", &pod.facts.hosts),
+                    ("etc/resolv.conf", &pod.facts.resolv_conf),
+                ]
+                .into_iter()
+                .filter(|(_, f)| f.is_some())
+                .map(|(rel, _)| rel)
+                .collect();
+                host.prepare_mount_points(&r.rootfs, &pod_files)?;
                 // Image volumes become read-only bind mounts of the image's
-                // own read-only mount (at the sub path resolved inside it).
+                // own read-only mount (at the sub path resolved inside it);
+                // `image` stays set: the spec gives them the image volume
+                // flags (nosuid, nodev, noexec).
+                // In a pod with its own user namespace the image's layers
+                // are id-mapped under the overlay (as the rootfs's are), so
+                // the volume is not id-mapped again below.
                 let mut config = config;
+                let mut idmapped = idmapped;
                 for v in &volumes {
                     let m = &mut config.mounts[v.index];
-                    let source =
-                        host.mount_image_volume(&r, v.index, &v.lowers, &m.image_sub_path)?;
+                    let source = host.mount_image_volume(
+                        &r,
+                        v.index,
+                        &v.lowers,
+                        &m.image_sub_path,
+                        pod.facts.user_ns.as_ref(),
+                    )?;
                     m.host_path = source.display().to_string();
                     m.readonly = true;
-                    m.image = None;
                     m.image_sub_path.clear();
+                    m.uid_mappings.clear();
+                    m.gid_mappings.clear();
+                    idmapped.retain(|&i| i != v.index);
                 }
                 // Volumes of a user namespace pod: id-mapped through it, so
                 // the container's root owns what the host's root owns.
