@@ -237,4 +237,96 @@ mod tests {
         assert_eq!(std::fs::read(&outside).unwrap(), b"host\n");
         assert!(replace_symlink_with_file(&root, "etc/../x", 0o644).is_err());
     }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Entries of a hostile image: dirs, files and links pointing up,
+        /// out (absolute host paths of the test's own "outside" dir),
+        /// into the image, in loops.
+        fn entries() -> impl Strategy<Value = Vec<(String, u8, String)>> {
+            let name = prop_oneof![
+                Just("etc"),
+                Just("etc/hosts"),
+                Just("etc/resolv.conf"),
+                Just("proc"),
+                Just("dev"),
+                Just("dev/shm"),
+                Just("a"),
+                Just("a/b"),
+            ]
+            .prop_map(str::to_string);
+            let target = prop_oneof![
+                Just("OUT"),
+                Just("OUT/file"),
+                Just("../../../../OUTREL/file"),
+                Just("/etc"),
+                Just("/a"),
+                Just("a/b"),
+                Just("hosts"),
+                Just("."),
+                Just(".."),
+                Just("/proc/self/fd/0"),
+            ]
+            .prop_map(str::to_string);
+            proptest::collection::vec((name, 0u8..3, target), 0..10)
+        }
+
+        fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+            let mut out = Vec::new();
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let data = std::fs::read(e.path()).unwrap_or_default();
+                out.push((e.path(), data));
+            }
+            out.sort();
+            out
+        }
+
+        use std::path::PathBuf;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            /// Whatever the image holds, nothing outside its root changes
+            /// and a replaced link is an empty regular file.
+            #[test]
+            fn links_are_never_followed_out(tree in entries(), rel in prop_oneof![
+                Just("etc/hosts"), Just("etc/resolv.conf"), Just("a/b"), Just("dev/shm"),
+            ]) {
+                let t = tempfile::tempdir().unwrap();
+                let outside = t.path().join("outside");
+                std::fs::create_dir(&outside).unwrap();
+                std::fs::write(outside.join("file"), b"host\n").unwrap();
+                let root = t.path().join("root");
+                std::fs::create_dir(&root).unwrap();
+                for (name, kind, target) in &tree {
+                    let p = root.join(name);
+                    let target = target
+                        .replace("OUTREL", "outside")
+                        .replace("OUT", &outside.display().to_string());
+                    let _ = match kind {
+                        0 => std::fs::create_dir(&p),
+                        1 => std::fs::write(&p, b"image\n"),
+                        _ => symlink(&target, &p),
+                    };
+                }
+                let before = snapshot(&outside);
+                let _ = symlink_on_path(&root, rel);
+                let replaced = replace_symlink_with_file(&root, rel, 0o644);
+                prop_assert_eq!(snapshot(&outside), before);
+                if let Ok(true) = replaced {
+                    // Resolved inside the root, it is a new empty file.
+                    let fd = open_root(&root).unwrap();
+                    let (parent, name) = rel.rsplit_once('/').unwrap();
+                    let dir = open_dir_in_root(&fd, parent).unwrap().unwrap();
+                    let st = nix::sys::stat::fstatat(
+                        Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW,
+                    ).unwrap();
+                    prop_assert_eq!(SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT, SFlag::S_IFREG);
+                    prop_assert_eq!(st.st_size, 0);
+                }
+            }
+        }
+    }
 }

@@ -462,3 +462,59 @@ mod tests {
         assert_eq!(e.field(), "image.config.WorkingDir");
     }
 }
+
+#[cfg(test)]
+mod prop {
+    use super::*;
+    use crust_quote::testing::{check_message, config, hostile_string};
+    use proptest::prelude::*;
+
+    /// Paths made of the components that matter here, and hostile strings.
+    fn working_dir() -> BoxedStrategy<String> {
+        let part = prop_oneof![
+            Just("proc".to_string()),
+            Just("dev".to_string()),
+            Just("fd".to_string()),
+            Just("self".to_string()),
+            Just("stdin".to_string()),
+            Just("..".to_string()),
+            Just(".".to_string()),
+            Just(String::new()),
+            "[a-z]{1,4}",
+        ];
+        prop_oneof![
+            proptest::collection::vec(part, 0..8).prop_map(|p| format!("/{}", p.join("/"))),
+            hostile_string(),
+        ]
+        .boxed()
+    }
+
+    proptest! {
+        #![proptest_config(config(1024))]
+
+        /// Any working dir is refused with a bounded message naming its
+        /// field, or comes out clean, absolute and outside the magic dirs.
+        #[test]
+        fn cwd_is_never_a_magic_link(dir in working_dir(), from_image in any::<bool>()) {
+            let (c, i, field) = if from_image {
+                (ContainerConfig::default(), ImageConfig { working_dir: dir.clone(), ..Default::default() }, "image.config.WorkingDir")
+            } else {
+                (ContainerConfig { working_dir: dir.clone(), ..Default::default() }, ImageConfig::default(), "config.working_dir")
+            };
+            match process_cwd(&c, &i) {
+                Ok(cwd) => {
+                    prop_assert!(cwd.starts_with('/'), "{cwd}");
+                    prop_assert!(!cwd.split('/').any(|p| p == ".." || p == "."), "{cwd}");
+                    for d in MAGIC_DIRS {
+                        prop_assert!(!is_under(&cwd, d), "{cwd}");
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(msg.starts_with(field), "{msg}");
+                    check_message("process_cwd", &msg)?;
+                }
+            }
+        }
+    }
+}
