@@ -508,6 +508,19 @@ async fn magic_link_working_dir(handler: &str) {
         "/proc/self/fd/7",
     );
     let wd_ref = e.push("workdir", &wd_image).await;
+    // A working dir that is an image's symlink to one.
+    let link_image = with_workdir(
+        one_layer_image(
+            &base_layer()
+                .symlink("w", "/proc/self/fd/7")
+                .dir("srv/")
+                .symlink("srv/up", "../../../proc/1/cwd")
+                .finish(),
+            &["sleep", "1000"],
+        ),
+        "/w",
+    );
+    let link_ref = e.push("workdir-link", &link_image).await;
     let pod = e.pod("cwd", handler, false).await;
     let before = mounts_under(&e.d.run_dir).len();
     for (i, dir) in [
@@ -524,13 +537,19 @@ async fn magic_link_working_dir(handler: &str) {
         let err = e.create(&pod, c).await.unwrap_err();
         assert_refused(&err, &[Code::InvalidArgument], "config.working_dir");
     }
-    let c = container_config("img", &wd_ref);
+    for (name, image) in [("img", &wd_ref), ("link", &link_ref)] {
+        let c = container_config(name, image);
+        let err = e.create(&pod, c).await.unwrap_err();
+        assert_refused(
+            &err,
+            &[Code::InvalidArgument, Code::FailedPrecondition],
+            "image.config.WorkingDir",
+        );
+    }
+    let mut c = container_config("link-req", &link_ref);
+    c.working_dir = "/srv/up/x".into();
     let err = e.create(&pod, c).await.unwrap_err();
-    assert_refused(
-        &err,
-        &[Code::InvalidArgument, Code::FailedPrecondition],
-        "image.config.WorkingDir",
-    );
+    assert_refused(&err, &[Code::InvalidArgument], "config.working_dir");
     assert_eq!(mounts_under(&e.d.run_dir).len(), before);
     // A plain working dir still works.
     let mut c = container_config("ok", &e.image);

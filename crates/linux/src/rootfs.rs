@@ -167,6 +167,100 @@ pub fn replace_symlink_with_file(root: &Path, rel: &str, mode: u32) -> Result<bo
     Ok(true)
 }
 
+/// Most symlinks followed in one [`resolve_path`] (the kernel's own
+/// bound, MAXSYMLINKS).
+const MAX_LINKS: usize = 40;
+
+/// The path the absolute `path` names inside the rootfs at `root` once the
+/// image's symlinks on it are resolved as the container will see them
+/// (absolute links and `..` stop at the root), without mounts: e.g.
+/// `/proc/self/fd/7` for a working dir `/w` when the image links `/w` to
+/// it. Components from the first missing one on are taken as written (the
+/// runtime creates them). Every link is read with readlinkat, none is
+/// followed by the kernel; more than 40 is ELOOP.
+pub fn resolve_path(root: &Path, path: &str) -> Result<String, Error> {
+    use std::collections::VecDeque;
+    let root_fd = open_root(root)?;
+    let err = io("resolve in rootfs", root, path.trim_start_matches('/'));
+    let mut todo: VecDeque<String> = path.split('/').map(str::to_string).collect();
+    let mut resolved: Vec<String> = Vec::new();
+    let mut links = 0;
+    // The dir `resolved` names (a real dir: every part of it was one).
+    let open_resolved = |resolved: &[String]| -> Result<OwnedFd, Errno> {
+        let mut fd = nix::fcntl::openat(
+            Some(root_fd.as_raw_fd()),
+            ".",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map(own)?;
+        for part in resolved {
+            fd = nix::fcntl::openat(
+                Some(fd.as_raw_fd()),
+                part.as_str(),
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map(own)?;
+        }
+        Ok(fd)
+    };
+    let mut missing = false;
+    while let Some(part) = todo.pop_front() {
+        match part.as_str() {
+            "" | "." => continue,
+            ".." => {
+                resolved.pop();
+                continue;
+            }
+            _ => {}
+        }
+        if missing {
+            resolved.push(part);
+            continue;
+        }
+        let dir = match open_resolved(&resolved) {
+            Ok(d) => d,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => {
+                missing = true;
+                resolved.push(part);
+                continue;
+            }
+            Err(e) => return Err(err(e)),
+        };
+        let st = match nix::sys::stat::fstatat(
+            Some(dir.as_raw_fd()),
+            part.as_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => st,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => {
+                missing = true;
+                resolved.push(part);
+                continue;
+            }
+            Err(e) => return Err(err(e)),
+        };
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFLNK {
+            resolved.push(part);
+            continue;
+        }
+        links += 1;
+        if links > MAX_LINKS {
+            return Err(err(Errno::ELOOP));
+        }
+        let target = nix::fcntl::readlinkat(Some(dir.as_raw_fd()), part.as_str()).map_err(&err)?;
+        let target = target.to_string_lossy();
+        if target.starts_with('/') {
+            resolved.clear();
+        }
+        for t in target.split('/').rev() {
+            todo.push_front(t.to_string());
+        }
+    }
+    Ok(format!("/{}", resolved.join("/")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +292,33 @@ mod tests {
         assert_eq!(symlink_on_path(&root, "missing/x").unwrap(), None);
         assert_eq!(symlink_on_path(&root, "file/x").unwrap(), None);
         assert!(symlink_on_path(&root, "dev/../proc").is_err());
+    }
+
+    #[test]
+    fn resolves_paths_as_the_container_sees_them() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("srv/app")).unwrap();
+        std::fs::create_dir_all(root.join("proc")).unwrap();
+        symlink("/proc/self/fd/7", root.join("w")).unwrap();
+        symlink("../../../../proc/1/cwd", root.join("srv/up")).unwrap();
+        symlink("app", root.join("srv/rel")).unwrap();
+        symlink("loop", root.join("loop")).unwrap();
+        std::fs::write(root.join("file"), b"").unwrap();
+        for (path, want) in [
+            ("/w", "/proc/self/fd/7"),
+            ("/w/x/..", "/proc/self/fd/7"),
+            ("/srv/up", "/proc/1/cwd"),
+            ("/srv/rel/x", "/srv/app/x"),
+            ("/srv/./app/../rel", "/srv/app"),
+            ("/missing/../srv", "/srv"),
+            ("/file/x", "/file/x"),
+            ("/", "/"),
+            ("/../..", "/"),
+        ] {
+            assert_eq!(resolve_path(&root, path).unwrap(), want, "{path}");
+        }
+        assert!(resolve_path(&root, "/loop").is_err());
     }
 
     #[test]

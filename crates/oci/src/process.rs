@@ -160,9 +160,16 @@ const MAGIC_DIRS: &[&str] = &[
     "/dev/stderr",
 ];
 
+/// The dir of [`MAGIC_DIRS`] the clean absolute `path` lies in, if any:
+/// no working dir may be there (also once the image's symlinks on the way
+/// are resolved, which the daemon checks in the rootfs).
+pub fn magic_dir(clean: &str) -> Option<&'static str> {
+    MAGIC_DIRS.iter().find(|d| is_under(clean, d)).copied()
+}
+
 /// Refuses a `clean` absolute path inside one of [`MAGIC_DIRS`].
 fn no_magic_links(field: &str, clean: &str) -> Result<(), SpecError> {
-    match MAGIC_DIRS.iter().find(|d| is_under(clean, d)) {
+    match magic_dir(clean) {
         Some(d) => Err(SpecError::invalid(
             field,
             format!(

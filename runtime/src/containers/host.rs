@@ -64,6 +64,16 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// the writable layer, so the pod's file is mounted there and the
     /// link's target stays as the image has it. Blocking.
     fn prepare_mount_points(&self, rootfs: &Path, files: &[&str]) -> Result<(), ContainerError>;
+    /// The path `path` (absolute) names in the rootfs once the image's
+    /// symlinks on it are resolved inside it, as the container will see
+    /// it (nothing followed on the host; missing parts as written). A
+    /// symlink loop is InvalidArgument naming `field`. Blocking.
+    fn resolve_in_rootfs(
+        &self,
+        rootfs: &Path,
+        path: &str,
+        field: &str,
+    ) -> Result<String, ContainerError>;
     /// The node look-ups of spec generation (host paths, devices,
     /// seccomp profiles).
     fn spec_host(&self) -> &dyn crust_oci::Host;
@@ -255,6 +265,23 @@ impl ContainerHost for RealContainerHost {
             }
         }
         Ok(())
+    }
+
+    fn resolve_in_rootfs(
+        &self,
+        rootfs: &Path,
+        path: &str,
+        field: &str,
+    ) -> Result<String, ContainerError> {
+        crust_linux::rootfs::resolve_path(rootfs, path).map_err(|e| match &e {
+            crust_linux::Error::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
+                ContainerError::InvalidArgument(format!(
+                    "{field}: {} goes through a symlink loop of the image",
+                    crust_quote::quote(path)
+                ))
+            }
+            _ => ContainerError::internal(e),
+        })
     }
 
     fn spec_host(&self) -> &dyn crust_oci::Host {

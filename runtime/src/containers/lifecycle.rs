@@ -211,6 +211,25 @@ impl Containers {
                 .map(|(rel, _)| rel)
                 .collect();
                 host.prepare_mount_points(&r.rootfs, &pod_files)?;
+                // The working dir through the image's symlinks: a link to
+                // /proc/self/fd/N is the same escape as naming it (a bad
+                // path itself is refused by the spec below).
+                if let Ok(cwd) = crust_oci::process_cwd(&config, &image.config) {
+                    let field = if config.working_dir.is_empty() {
+                        "image.config.WorkingDir"
+                    } else {
+                        "config.working_dir"
+                    };
+                    let real = host.resolve_in_rootfs(&r.rootfs, &cwd, field)?;
+                    if let Some(dir) = crust_oci::magic_dir(&real) {
+                        return Err(ContainerError::InvalidArgument(format!(
+                            "{field}: {} leads through the image's symlinks to {}, inside {dir}, \
+                             whose entries lead outside the container",
+                            quote(&cwd),
+                            quote(&real)
+                        )));
+                    }
+                }
                 // Image volumes become read-only bind mounts of the image's
                 // own read-only mount (at the sub path resolved inside it);
                 // `image` stays set: the spec gives them the image volume

@@ -193,6 +193,15 @@ impl ContainerHost for FakeContainerHost {
         Ok(())
     }
 
+    fn resolve_in_rootfs(
+        &self,
+        _rootfs: &Path,
+        path: &str,
+        _field: &str,
+    ) -> Result<String, ContainerError> {
+        Ok(path.to_string())
+    }
+
     fn read_rootfs_file(
         &self,
         _rootfs: &Path,
