@@ -22,6 +22,8 @@
 //! [`cgroup_fork`] (a child started in a cgroup v2 group at clone time),
 //! [`watch`] (file modifications: OOM kills as they happen).
 //!
+//! For a container's rootfs before the runtime mounts over it: [`rootfs`].
+//!
 //! For image layers and crust's own files: [`fs`] (fd-relative, never
 //! following a symlink); for containers' CRI logs below a pod's log
 //! directory: [`log_file`].
@@ -53,6 +55,7 @@ pub mod process;
 pub mod procstats;
 pub mod proctree;
 pub mod retry;
+pub mod rootfs;
 pub mod sealed;
 pub mod spawn;
 pub mod sysctl;

@@ -104,8 +104,10 @@ pub fn mount_overlay(
 }
 
 /// Mounts a read-only overlay of `lowers` (bottom first) at `target`: an
-/// image as an image volume. Overlayfs wants two lower dirs when there is no
-/// upper dir, so a one-layer image gets `empty` (an empty dir) under it.
+/// image as an image volume, so also nosuid, nodev and noexec (an image's
+/// setuid binaries and device nodes stay inert, and Kubernetes documents
+/// image volumes as noexec). Overlayfs wants two lower dirs when there is
+/// no upper dir, so a one-layer image gets `empty` (an empty dir) under it.
 pub fn mount_overlay_readonly(
     lowers: &[std::path::PathBuf],
     empty: &Path,
@@ -165,7 +167,10 @@ fn overlay(
             MsFlags::empty(),
             format!(",upperdir={},workdir={}", u.display(), w.display()),
         ),
-        _ => (MsFlags::MS_RDONLY, String::new()),
+        _ => (
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            String::new(),
+        ),
     };
     let do_mount = move |lowerdir: String, cwd: Option<std::path::PathBuf>| -> Result<(), Error> {
         if let Some(dir) = &cwd {

@@ -69,6 +69,9 @@ pub fn default_mounts(privileged: bool) -> Vec<Mount> {
     ]
 }
 
+/// The options of an image volume's bind mount, whatever the request asks.
+pub const IMAGE_VOLUME_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "noexec"];
+
 fn bind(dest: &str, source: &Path, options: Vec<String>) -> Mount {
     let mut m = Mount::default();
     m.set_destination(PathBuf::from(dest));
@@ -95,8 +98,11 @@ pub(crate) fn container_mounts(
 
     for (i, m) in config.mounts.iter().enumerate() {
         let f = |name: &str| format!("config.mounts[{i}].{name}");
-        if m.image.as_ref().is_some_and(|img| !img.image.is_empty()) {
-            // The daemon mounts the image and passes a read-only bind of it.
+        // An image volume: the daemon mounts the image and sets host_path
+        // to that mount (its `image` stays set, so the bind gets the
+        // image volume's flags below).
+        let image_volume = m.image.as_ref().is_some_and(|img| !img.image.is_empty());
+        if image_volume && m.host_path.is_empty() {
             return Err(SpecError::unsupported(
                 f("image"),
                 "an unresolved image volume (the daemon mounts it first)",
@@ -161,6 +167,15 @@ pub(crate) fn container_mounts(
                 }
             }
             MountPropagation::PropagationBidirectional => {
+                // A mount made inside would appear on the host: only for
+                // containers that are trusted with the host anyway (kubelet
+                // refuses it too, but other CRI clients exist).
+                if !privileged {
+                    return Err(SpecError::invalid(
+                        f("propagation"),
+                        "PROPAGATION_BIDIRECTIONAL is only allowed for privileged containers",
+                    ));
+                }
                 let p = host
                     .propagation(&resolved)
                     .map_err(|e| SpecError::from_host_io(f("host_path"), &resolved, &e))?;
@@ -182,7 +197,15 @@ pub(crate) fn container_mounts(
                 rootfs_propagation = Some("rshared");
             }
         }
-        options.push(if m.readonly { "ro" } else { "rw" }.into());
+        if image_volume {
+            // Kubernetes documents image volumes as read-only and noexec;
+            // nosuid and nodev keep an image's setuid binaries and device
+            // nodes inert. As mount options, so every runtime handler
+            // applies them to the container's own bind mount.
+            options.extend(IMAGE_VOLUME_OPTIONS.iter().map(|o| o.to_string()));
+        } else {
+            options.push(if m.readonly { "ro" } else { "rw" }.into());
+        }
         if m.recursive_read_only {
             if !m.readonly {
                 return Err(SpecError::invalid(

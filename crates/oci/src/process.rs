@@ -3,7 +3,7 @@
 use crust_api::v1::ContainerConfig;
 use crust_quote::quote_os;
 
-use crate::validate::{abs_path, no_nul};
+use crate::validate::{abs_path, is_under, no_nul};
 use crate::{ImageConfig, SpecError};
 
 /// The PATH every container gets unless the image or request sets one
@@ -136,12 +136,48 @@ pub fn process_env(
 /// The working directory: the request's, else the image's, else `/`. Must be
 /// absolute (and without `..`); returned clean.
 pub fn process_cwd(config: &ContainerConfig, image: &ImageConfig) -> Result<String, SpecError> {
-    if !config.working_dir.is_empty() {
-        abs_path("config.working_dir", &config.working_dir)
+    let (field, dir) = if !config.working_dir.is_empty() {
+        ("config.working_dir", &config.working_dir)
     } else if !image.working_dir.is_empty() {
-        abs_path("image.config.WorkingDir", &image.working_dir)
+        ("image.config.WorkingDir", &image.working_dir)
     } else {
-        Ok("/".to_string())
+        return Ok("/".to_string());
+    };
+    let clean = abs_path(field, dir)?;
+    no_magic_links(field, &clean)?;
+    Ok(clean)
+}
+
+/// Where a working dir must not be: /proc (its magic links, such as
+/// /proc/self/fd/N or /proc/1/cwd, lead to whatever a descriptor of the
+/// runtime names, possibly a host dir: CVE-2024-21626) and the /dev links
+/// runtimes create into it.
+const MAGIC_DIRS: &[&str] = &[
+    "/proc",
+    "/dev/fd",
+    "/dev/stdin",
+    "/dev/stdout",
+    "/dev/stderr",
+];
+
+/// The dir of [`MAGIC_DIRS`] the clean absolute `path` lies in, if any:
+/// no working dir may be there (also once the image's symlinks on the way
+/// are resolved, which the daemon checks in the rootfs).
+pub fn magic_dir(clean: &str) -> Option<&'static str> {
+    MAGIC_DIRS.iter().find(|d| is_under(clean, d)).copied()
+}
+
+/// Refuses a `clean` absolute path inside one of [`MAGIC_DIRS`].
+fn no_magic_links(field: &str, clean: &str) -> Result<(), SpecError> {
+    match magic_dir(clean) {
+        Some(d) => Err(SpecError::invalid(
+            field,
+            format!(
+                "{} is inside {d}, whose entries lead outside the container",
+                quote_os(clean)
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -379,6 +415,41 @@ mod tests {
     }
 
     #[test]
+    fn cwd_is_no_magic_link() {
+        for (bad, field) in [
+            ("/proc/self/fd/7", "config.working_dir"),
+            ("/proc", "config.working_dir"),
+            ("/proc/1/cwd/x", "config.working_dir"),
+            ("/dev/fd/3", "config.working_dir"),
+            ("//proc//thread-self/root", "config.working_dir"),
+            ("/dev/stdin", "config.working_dir"),
+        ] {
+            let c = ContainerConfig {
+                working_dir: bad.into(),
+                ..Default::default()
+            };
+            let e = process_cwd(&c, &ImageConfig::default()).unwrap_err();
+            assert!(e.to_string().starts_with(field), "{bad}: {e}");
+            let i = ImageConfig {
+                working_dir: bad.into(),
+                ..Default::default()
+            };
+            let e = process_cwd(&ContainerConfig::default(), &i).unwrap_err();
+            assert!(
+                e.to_string().starts_with("image.config.WorkingDir"),
+                "{bad}: {e}"
+            );
+        }
+        for ok in ["/procfs", "/dev", "/devices/fd", "/srv/proc/self"] {
+            let c = ContainerConfig {
+                working_dir: ok.into(),
+                ..Default::default()
+            };
+            assert_eq!(process_cwd(&c, &ImageConfig::default()).unwrap(), ok);
+        }
+    }
+
+    #[test]
     fn cwd_must_be_absolute() {
         let c = ContainerConfig {
             working_dir: "rel".into(),
@@ -396,5 +467,61 @@ mod tests {
         };
         let e = process_cwd(&ContainerConfig::default(), &i).unwrap_err();
         assert_eq!(e.field(), "image.config.WorkingDir");
+    }
+}
+
+#[cfg(test)]
+mod prop {
+    use super::*;
+    use crust_quote::testing::{check_message, config, hostile_string};
+    use proptest::prelude::*;
+
+    /// Paths made of the components that matter here, and hostile strings.
+    fn working_dir() -> BoxedStrategy<String> {
+        let part = prop_oneof![
+            Just("proc".to_string()),
+            Just("dev".to_string()),
+            Just("fd".to_string()),
+            Just("self".to_string()),
+            Just("stdin".to_string()),
+            Just("..".to_string()),
+            Just(".".to_string()),
+            Just(String::new()),
+            "[a-z]{1,4}",
+        ];
+        prop_oneof![
+            proptest::collection::vec(part, 0..8).prop_map(|p| format!("/{}", p.join("/"))),
+            hostile_string(),
+        ]
+        .boxed()
+    }
+
+    proptest! {
+        #![proptest_config(config(1024))]
+
+        /// Any working dir is refused with a bounded message naming its
+        /// field, or comes out clean, absolute and outside the magic dirs.
+        #[test]
+        fn cwd_is_never_a_magic_link(dir in working_dir(), from_image in any::<bool>()) {
+            let (c, i, field) = if from_image {
+                (ContainerConfig::default(), ImageConfig { working_dir: dir.clone(), ..Default::default() }, "image.config.WorkingDir")
+            } else {
+                (ContainerConfig { working_dir: dir.clone(), ..Default::default() }, ImageConfig::default(), "config.working_dir")
+            };
+            match process_cwd(&c, &i) {
+                Ok(cwd) => {
+                    prop_assert!(cwd.starts_with('/'), "{cwd}");
+                    prop_assert!(!cwd.split('/').any(|p| p == ".." || p == "."), "{cwd}");
+                    for d in MAGIC_DIRS {
+                        prop_assert!(!is_under(&cwd, d), "{cwd}");
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(msg.starts_with(field), "{msg}");
+                    check_message("process_cwd", &msg)?;
+                }
+            }
+        }
     }
 }

@@ -1081,9 +1081,16 @@ fn host_to_container_propagation() {
 
 #[test]
 fn bidirectional_propagation() {
+    // Only for privileged containers: a mount made inside shows on the host.
     let mut fx = Fx::new();
     fx.mount("/a", "/srv/slave").propagation = MountPropagation::PropagationHostToContainer as i32;
     fx.mount("/b", "/srv/shared").propagation = MountPropagation::PropagationBidirectional as i32;
+    let e = fx.err();
+    assert_eq!(
+        (e.class(), e.field()),
+        (ErrorClass::InvalidArgument, "config.mounts[1].propagation")
+    );
+    fx.privileged();
     let spec = fx.ok();
     assert_eq!(
         mount_at(&spec, "/b").unwrap().3,
@@ -1095,6 +1102,7 @@ fn bidirectional_propagation() {
     );
     // Order does not matter: rshared wins over rslave.
     let mut fx = Fx::new();
+    fx.privileged();
     fx.mount("/b", "/srv/shared").propagation = MountPropagation::PropagationBidirectional as i32;
     fx.mount("/a", "/srv/slave").propagation = MountPropagation::PropagationHostToContainer as i32;
     assert_eq!(
@@ -1103,6 +1111,7 @@ fn bidirectional_propagation() {
     );
     // A slave host mount is not enough.
     let mut fx = Fx::new();
+    fx.privileged();
     fx.mount("/b", "/srv/slave").propagation = MountPropagation::PropagationBidirectional as i32;
     assert_eq!(fx.err().class(), ErrorClass::FailedPrecondition);
 }
@@ -1226,6 +1235,31 @@ fn unsupported_mount_kinds() {
     let mut fx = Fx::new();
     fx.mount("/x", "/data").uid_mappings = vec![Default::default()];
     assert!(matches!(fx.err(), SpecError::Unsupported { .. }));
+}
+
+#[test]
+fn image_volumes_are_nosuid_nodev_noexec() {
+    // As the daemon passes a mounted image volume: `image` set, host_path
+    // its mount; read-only whatever the request says.
+    let mut fx = Fx::new();
+    let m = fx.mount("/img", "/data");
+    m.image = Some(ImageSpec {
+        image: "busybox".into(),
+        ..Default::default()
+    });
+    m.readonly = false;
+    let spec = fx.ok();
+    assert_eq!(
+        mount_at(&spec, "/img").unwrap().3,
+        s(&["rbind", "rprivate", "ro", "nosuid", "nodev", "noexec"])
+    );
+    // Other bind mounts keep what they ask for.
+    let mut fx = Fx::new();
+    fx.mount("/x", "/data");
+    assert_eq!(
+        mount_at(&fx.ok(), "/x").unwrap().3,
+        s(&["rbind", "rprivate", "rw"])
+    );
 }
 
 #[test]
@@ -2066,15 +2100,20 @@ fn bad_ids_and_rootfs() {
 
 #[test]
 fn compat_on_a_full_spec() {
+    // Bidirectional needs a privileged container, which has no seccomp.
     let mut fx = Fx::new();
+    fx.privileged();
     fx.mount("/b", "/srv/shared").propagation = MountPropagation::PropagationBidirectional as i32;
+    let mut spec = fx.ok();
+    libcontainer_compat(&mut spec);
+    assert_eq!(linux(&spec).rootfs_propagation().as_deref(), Some("shared"));
+    let mut fx = Fx::new();
     fx.sc().seccomp = Some(SecurityProfile {
         profile_type: ProfileType::RuntimeDefault as i32,
         localhost_ref: String::new(),
     });
     let mut spec = fx.ok();
     libcontainer_compat(&mut spec);
-    assert_eq!(linux(&spec).rootfs_propagation().as_deref(), Some("shared"));
     let sec = linux(&spec).seccomp().clone().unwrap();
     let clone = sec
         .syscalls()

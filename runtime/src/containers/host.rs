@@ -27,12 +27,18 @@ use crate::node::NodeHost;
 
 /// Where a container's image volumes are mounted, in its state dir.
 const IMAGE_VOLUMES: &str = "image-volumes";
+/// Where the id-mapped views of its image volumes' layers are (user
+/// namespace pods): `<volume index>-<layer index>`.
+const IMAGE_VOLUME_LAYERS: &str = "image-volume-layers";
 /// Where the id-mapped views of its image layers are (user namespace pods).
 const IDMAPPED_LAYERS: &str = "idmapped-layers";
 /// Where the id-mapped views of its volume mounts are (user namespace pods).
 const IDMAPPED_MOUNTS: &str = "idmapped-mounts";
 /// Largest /etc/passwd or /etc/group read from an image.
 const MAX_ETC_FILE: u64 = 4 << 20;
+/// Where the runtime mounts proc, sysfs and the /dev tmpfs: never
+/// through a symlink of the image.
+const KERNEL_MOUNT_POINTS: [&str; 3] = ["proc", "sys", "dev"];
 /// How long a SIGKILLed container may take to be reaped.
 pub const KILL_WAIT: Duration = Duration::from_secs(15);
 
@@ -49,6 +55,25 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// A file of the image, read inside the rootfs (bounded, no symlink
     /// out); None if it has none. Blocking.
     fn read_rootfs_file(&self, rootfs: &Path, rel: &str) -> Result<Option<String>, ContainerError>;
+    /// Readies the image's mount points in the rootfs before the runtime
+    /// mounts over them, following no symlink of the image on the host:
+    /// an image whose /proc, /sys or /dev is a symlink is refused
+    /// (FailedPrecondition naming `config.image.image`: the kernel's file
+    /// systems go on real dirs), and a symlink at each of `files` (the
+    /// pod's /etc files, e.g. `etc/hosts`) is replaced by an empty file in
+    /// the writable layer, so the pod's file is mounted there and the
+    /// link's target stays as the image has it. Blocking.
+    fn prepare_mount_points(&self, rootfs: &Path, files: &[&str]) -> Result<(), ContainerError>;
+    /// The path `path` (absolute) names in the rootfs once the image's
+    /// symlinks on it are resolved inside it, as the container will see
+    /// it (nothing followed on the host; missing parts as written). A
+    /// symlink loop is InvalidArgument naming `field`. Blocking.
+    fn resolve_in_rootfs(
+        &self,
+        rootfs: &Path,
+        path: &str,
+        field: &str,
+    ) -> Result<String, ContainerError>;
     /// The node look-ups of spec generation (host paths, devices,
     /// seccomp profiles).
     fn spec_host(&self) -> &dyn crust_oci::Host;
@@ -110,17 +135,21 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// ignored: usually there is nothing.
     fn delete_runtime_state(&self, rec: &ContainerRecord);
     fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError>;
-    /// Mounts image volume `config.mounts[index]`: the read-only overlay of
-    /// `lowers` (bottom first) under the container's state dir; returns the
-    /// host path of `sub_path` resolved inside it (never outside: `..` and
-    /// symlinks stop at the image's root). A sub path that is not in the
-    /// image is InvalidArgument naming `image_sub_path`. Blocking.
+    /// Mounts image volume `config.mounts[index]`: the read-only (nosuid,
+    /// nodev, noexec) overlay of `lowers` (bottom first) under the
+    /// container's state dir, its layers first id-mapped through `userns`
+    /// for a pod with its own user namespace (an overlay mount cannot be
+    /// id-mapped itself); returns the host path of `sub_path` resolved
+    /// inside it (never outside: `..` and symlinks stop at the image's
+    /// root). A sub path that is not in the image is InvalidArgument naming
+    /// `image_sub_path`. Blocking.
     fn mount_image_volume(
         &self,
         rec: &ContainerRecord,
         index: usize,
         lowers: &[PathBuf],
         sub_path: &str,
+        userns: Option<&crust_oci::UserNs>,
     ) -> Result<PathBuf, ContainerError>;
     /// For a container in the pod's user namespace: bind-mounts each of
     /// `lowers` id-mapped through it (under the state dir) and gives the
@@ -215,6 +244,44 @@ impl ContainerHost for RealContainerHost {
         crust_linux::mounts::read_file_in_root(rootfs, rel, MAX_ETC_FILE)
             .map(|o| o.map(|b| String::from_utf8_lossy(&b).into_owned()))
             .map_err(ContainerError::internal)
+    }
+
+    fn prepare_mount_points(&self, rootfs: &Path, files: &[&str]) -> Result<(), ContainerError> {
+        for dir in KERNEL_MOUNT_POINTS {
+            let link = crust_linux::rootfs::symlink_on_path(rootfs, dir)
+                .map_err(ContainerError::internal)?;
+            if let Some(link) = link {
+                return Err(ContainerError::FailedPrecondition(format!(
+                    "config.image.image: the image's /{link} is a symlink; /{dir} must be a \
+                     directory (the runtime mounts a kernel file system there)"
+                )));
+            }
+        }
+        for file in files {
+            if crust_linux::rootfs::replace_symlink_with_file(rootfs, file, 0o644)
+                .map_err(ContainerError::internal)?
+            {
+                debug!(rootfs = %rootfs.display(), file, "replaced the image's symlink with the pod's file");
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_in_rootfs(
+        &self,
+        rootfs: &Path,
+        path: &str,
+        field: &str,
+    ) -> Result<String, ContainerError> {
+        crust_linux::rootfs::resolve_path(rootfs, path).map_err(|e| match &e {
+            crust_linux::Error::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
+                ContainerError::InvalidArgument(format!(
+                    "{field}: {} goes through a symlink loop of the image",
+                    crust_quote::quote(path)
+                ))
+            }
+            _ => ContainerError::internal(e),
+        })
     }
 
     fn spec_host(&self) -> &dyn crust_oci::Host {
@@ -431,12 +498,31 @@ impl ContainerHost for RealContainerHost {
         index: usize,
         lowers: &[PathBuf],
         sub_path: &str,
+        userns: Option<&crust_oci::UserNs>,
     ) -> Result<PathBuf, ContainerError> {
         let dir = rec.state_dir.join(IMAGE_VOLUMES);
         let empty = dir.join("empty");
         let target = dir.join(index.to_string());
         mkdir(&empty, 0o755)?;
         mkdir(&target, 0o755)?;
+        let mapped;
+        let lowers = match userns {
+            None => lowers,
+            Some(userns) => {
+                let layers = rec.state_dir.join(IMAGE_VOLUME_LAYERS);
+                mkdir(&layers, 0o711)?;
+                let mut out = Vec::with_capacity(lowers.len());
+                for (i, lower) in lowers.iter().enumerate() {
+                    let t = layers.join(format!("{index}-{i}"));
+                    mkdir(&t, 0o755)?;
+                    crust_linux::mounts::mount_idmapped(lower, &t, &userns.path)
+                        .map_err(ContainerError::internal)?;
+                    out.push(t);
+                }
+                mapped = out;
+                &mapped
+            }
+        };
         crust_linux::mounts::mount_overlay_readonly(lowers, &empty, &target)
             .map_err(ContainerError::internal)?;
         crust_linux::mounts::resolve_in_root(&target, sub_path).map_err(|e| {
@@ -520,7 +606,13 @@ impl ContainerHost for RealContainerHost {
     }
 
     fn unmount_private_mounts(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
-        for sub in [IMAGE_VOLUMES, IDMAPPED_LAYERS, IDMAPPED_MOUNTS] {
+        // Image volumes before the layers under them.
+        for sub in [
+            IMAGE_VOLUMES,
+            IMAGE_VOLUME_LAYERS,
+            IDMAPPED_LAYERS,
+            IDMAPPED_MOUNTS,
+        ] {
             let dir = rec.state_dir.join(sub);
             let entries = match std::fs::read_dir(&dir) {
                 Ok(e) => e,

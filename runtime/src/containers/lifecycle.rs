@@ -201,17 +201,59 @@ impl Containers {
                 };
                 host.prepare_rootfs(&r, &lowers)?;
                 crash::point("container.create.rootfs");
+                let pod_files: Vec<&str> = [
+                    ("etc/hostname", &pod.facts.hostname_file),
+                    ("etc/hosts", &pod.facts.hosts),
+                    ("etc/resolv.conf", &pod.facts.resolv_conf),
+                ]
+                .into_iter()
+                .filter(|(_, f)| f.is_some())
+                .map(|(rel, _)| rel)
+                .collect();
+                host.prepare_mount_points(&r.rootfs, &pod_files)?;
+                // The working dir through the image's symlinks: a link to
+                // /proc/self/fd/N is the same escape as naming it (a bad
+                // path itself is refused by the spec below).
+                if let Ok(cwd) = crust_oci::process_cwd(&config, &image.config) {
+                    let field = if config.working_dir.is_empty() {
+                        "image.config.WorkingDir"
+                    } else {
+                        "config.working_dir"
+                    };
+                    let real = host.resolve_in_rootfs(&r.rootfs, &cwd, field)?;
+                    if let Some(dir) = crust_oci::magic_dir(&real) {
+                        return Err(ContainerError::InvalidArgument(format!(
+                            "{field}: {} leads through the image's symlinks to {}, inside {dir}, \
+                             whose entries lead outside the container",
+                            quote(&cwd),
+                            quote(&real)
+                        )));
+                    }
+                }
                 // Image volumes become read-only bind mounts of the image's
-                // own read-only mount (at the sub path resolved inside it).
+                // own read-only mount (at the sub path resolved inside it);
+                // `image` stays set: the spec gives them the image volume
+                // flags (nosuid, nodev, noexec).
+                // In a pod with its own user namespace the image's layers
+                // are id-mapped under the overlay (as the rootfs's are), so
+                // the volume is not id-mapped again below.
                 let mut config = config;
+                let mut idmapped = idmapped;
                 for v in &volumes {
                     let m = &mut config.mounts[v.index];
-                    let source =
-                        host.mount_image_volume(&r, v.index, &v.lowers, &m.image_sub_path)?;
+                    let source = host.mount_image_volume(
+                        &r,
+                        v.index,
+                        &v.lowers,
+                        &m.image_sub_path,
+                        pod.facts.user_ns.as_ref(),
+                    )?;
                     m.host_path = source.display().to_string();
                     m.readonly = true;
-                    m.image = None;
                     m.image_sub_path.clear();
+                    m.uid_mappings.clear();
+                    m.gid_mappings.clear();
+                    idmapped.retain(|&i| i != v.index);
                 }
                 // Volumes of a user namespace pod: id-mapped through it, so
                 // the container's root owns what the host's root owns.

@@ -21,7 +21,30 @@ pub fn checked_config(config: Option<ContainerConfig>) -> Result<ContainerConfig
     check_name("config.metadata.name", &md.name)?;
     check_log_path(&config.log_path)?;
     check_image_volumes(&config)?;
+    check_propagation(&config)?;
     Ok(config)
+}
+
+/// `mounts[i].propagation`: Bidirectional only for a privileged container
+/// (a mount made inside would show on the host); kubelet refuses it too.
+fn check_propagation(config: &ContainerConfig) -> Result<(), ContainerError> {
+    let privileged = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|s| s.privileged);
+    if privileged {
+        return Ok(());
+    }
+    for (i, m) in config.mounts.iter().enumerate() {
+        if m.propagation == crust_api::v1::MountPropagation::PropagationBidirectional as i32 {
+            return Err(invalid(format!(
+                "config.mounts[{i}].propagation: PROPAGATION_BIDIRECTIONAL is only allowed for \
+                 privileged containers"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Image volumes (`mounts[i].image`): no host path besides the image, and a
@@ -259,6 +282,37 @@ mod tests {
             field_of(with(m).unwrap_err()),
             "config.mounts[1].image_sub_path"
         );
+    }
+
+    #[test]
+    fn bidirectional_propagation_needs_privileged() {
+        use crust_api::v1::{LinuxContainerConfig, LinuxContainerSecurityContext, Mount};
+        let m = |p: MountPropagation| Mount {
+            container_path: "/m".into(),
+            host_path: "/tmp".into(),
+            propagation: p as i32,
+            ..Default::default()
+        };
+        use crust_api::v1::MountPropagation;
+        let mut c = config("web", "").unwrap();
+        c.mounts = vec![
+            m(MountPropagation::PropagationHostToContainer),
+            m(MountPropagation::PropagationPrivate),
+            m(MountPropagation::PropagationBidirectional),
+        ];
+        let e = checked_config(Some(c.clone())).unwrap_err();
+        assert_eq!(field_of(e), "config.mounts[2].propagation");
+        c.linux = Some(LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                privileged: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert!(checked_config(Some(c.clone())).is_ok());
+        c.mounts.pop();
+        c.linux = None;
+        assert!(checked_config(Some(c)).is_ok());
     }
 
     #[test]

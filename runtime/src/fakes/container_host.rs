@@ -189,6 +189,19 @@ impl ContainerHost for FakeContainerHost {
         Ok(())
     }
 
+    fn prepare_mount_points(&self, _rootfs: &Path, _files: &[&str]) -> Result<(), ContainerError> {
+        Ok(())
+    }
+
+    fn resolve_in_rootfs(
+        &self,
+        _rootfs: &Path,
+        path: &str,
+        _field: &str,
+    ) -> Result<String, ContainerError> {
+        Ok(path.to_string())
+    }
+
     fn read_rootfs_file(
         &self,
         _rootfs: &Path,
@@ -387,6 +400,7 @@ impl ContainerHost for FakeContainerHost {
         index: usize,
         _lowers: &[PathBuf],
         sub_path: &str,
+        _userns: Option<&crust_oci::UserNs>,
     ) -> Result<PathBuf, ContainerError> {
         Ok(rec
             .state_dir

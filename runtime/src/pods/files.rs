@@ -4,7 +4,6 @@
 
 use std::io::{Read, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::error::PodError;
@@ -95,18 +94,25 @@ pub fn read_node_file(path: &Path) -> Result<String, PodError> {
 }
 
 /// Writes `content` to `path` in a dir crust created, never through a
-/// symlink; an existing file is truncated in place (its inode, which
-/// containers bind-mount, stays).
+/// symlink: the file is opened relative to its dir (itself opened without
+/// following a symlink), never through one, never a FIFO or a device; an
+/// existing file is truncated in place (its inode, which containers
+/// bind-mount, stays).
 pub fn write(path: &Path, content: &str) -> Result<(), PodError> {
-    let err = |e| PodError::internal(&format!("writing {}", path.display()), e);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(err)?;
+    use crust_linux::fs::{Access, Dir, Errno};
+    let err = |e: std::io::Error| PodError::internal(&format!("writing {}", path.display()), e);
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(err(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
+    };
+    let dir = Dir::open(parent).map_err(|e| err(e.into()))?;
+    let mut file = match dir.open_existing(name, Access::Write) {
+        Ok(f) => f,
+        Err(Errno::ENOENT) => dir.create_file(name, 0o644).map_err(|e| err(e.into()))?,
+        Err(e) => return Err(err(e.into())),
+    };
+    if !file.metadata().map_err(err)?.is_file() {
+        return Err(err(std::io::Error::other("not a regular file")));
+    }
     file.write_all(content.as_bytes()).map_err(err)
 }
 
