@@ -11,10 +11,11 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 
 use crate::Error;
+use crate::retry::Retry;
 
 /// Bound on retries of an openat2 answering EAGAIN (a mount or rename
 /// somewhere on the system during the lookup).
-const EAGAIN_RETRIES: usize = 64;
+const EAGAIN_RETRIES: u32 = 64;
 
 fn own(fd: RawFd) -> OwnedFd {
     // SAFETY: a fresh fd from open(2)/openat(2)/openat2(2), owned by
@@ -108,16 +109,16 @@ fn open_dir_in_root(root_fd: &OwnedFd, rel: &str) -> Result<Option<OwnedFd>, Err
                 | ResolveFlag::RESOLVE_NO_MAGICLINKS
                 | ResolveFlag::RESOLVE_NO_XDEV,
         );
-    let mut last = Errno::EAGAIN;
-    for _ in 0..EAGAIN_RETRIES {
-        match nix::fcntl::openat2(root_fd.as_raw_fd(), rel, how) {
-            Ok(fd) => return Ok(Some(own(fd))),
-            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV) => return Ok(None),
-            Err(e @ (Errno::EAGAIN | Errno::EINTR)) => last = e,
-            Err(e) => return Err(e),
-        }
+    // A freshly mounted overlay answers EAGAIN while mounts come and go
+    // anywhere on the node: more attempts than the default.
+    match Retry::TRANSIENT
+        .attempts(EAGAIN_RETRIES)
+        .run(|| nix::fcntl::openat2(root_fd.as_raw_fd(), rel, how))
+    {
+        Ok(fd) => Ok(Some(own(fd))),
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV) => Ok(None),
+        Err(e) => Err(e),
     }
-    Err(last)
 }
 
 /// Makes sure the file `rel` of the rootfs at `root` is no symlink before a
