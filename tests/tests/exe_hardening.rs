@@ -120,10 +120,19 @@ fn host_shim() -> PathBuf {
     crust_bin().parent().unwrap().join("crust-shim")
 }
 
-/// The host files `crust-shim` loads (per `ldd`), as (path, bytes).
-fn shim_libraries() -> Vec<(String, Vec<u8>)> {
-    let out = Command::new("ldd").arg(host_shim()).output().expect("ldd");
-    assert!(out.status.success(), "ldd crust-shim: {out:?}");
+/// The host files `bin` loads (per `ldd`), as (path, bytes); none for a
+/// static binary (runc), which ldd refuses.
+fn libraries_of(bin: &Path) -> Vec<(String, Vec<u8>)> {
+    let out = Command::new("ldd").arg(bin).output().expect("ldd");
+    if !out.status.success() {
+        let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains("not a dynamic executable"),
+            "ldd {}: {out:?}",
+            bin.display()
+        );
+        return Vec::new();
+    }
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
@@ -138,6 +147,28 @@ fn shim_libraries() -> Vec<(String, Vec<u8>)> {
             (p, bytes)
         })
         .collect()
+}
+
+/// What the process that execs the script runs: crust-shim on the
+/// embedded handler, the OCI runtime's binary (crun links libsystemd) on
+/// a CLI handler, whose libraries the image needs as well for the probe
+/// to load there.
+fn libraries_for(handler: &str) -> Vec<(String, Vec<u8>)> {
+    let mut libs = libraries_of(&host_shim());
+    if handler != "embedded"
+        && let Some(bin) = std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(handler))
+                .find(|p| p.is_file())
+        })
+    {
+        for lib in libraries_of(&bin) {
+            if !libs.iter().any(|(p, _)| *p == lib.0) {
+                libs.push(lib);
+            }
+        }
+    }
+    libs
 }
 
 fn build_preload(dir: &Path) -> Option<Vec<u8>> {
@@ -158,16 +189,16 @@ fn build_preload(dir: &Path) -> Option<Vec<u8>> {
     Some(std::fs::read(&so).unwrap())
 }
 
-/// busybox, the host loader and libraries of crust-shim, the preload
-/// library and the script.
-fn attack_image(preload: &[u8]) -> TestImage {
+/// busybox, the host loader and libraries of crust-shim (and of the
+/// handler's binary), the preload library and the script.
+fn attack_image(preload: &[u8], handler: &str) -> TestImage {
     let mut layer = busybox_with(&["sh", "sleep", "true", "cat"])
         .dir("tmp/")
         .dir("proc/")
         .file_mode("attack", b"#!/proc/self/exe\n", 0o755)
         .file_mode("preload.so", preload, 0o755);
     let mut dirs = std::collections::BTreeSet::new();
-    let libs = shim_libraries();
+    let libs = libraries_for(handler);
     for (path, _) in &libs {
         let mut p = Path::new(path.trim_start_matches('/'));
         while let Some(parent) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -295,7 +326,12 @@ async fn attack(handler: &str) {
         daemon: d,
         registry,
         image,
-    } = daemon_with_image(Daemon::builder(), "test/exe", &attack_image(&preload)).await;
+    } = daemon_with_image(
+        Daemon::builder(),
+        "test/exe",
+        &attack_image(&preload, handler),
+    )
+    .await;
     let rt = d.runtime_v1().await;
     let mut e = Env {
         d,
