@@ -67,8 +67,9 @@ pub enum Access {
     Write,
 }
 
-fn own(fd: RawFd) -> OwnedFd {
-    // SAFETY: `fd` was just returned by open(2)/openat(2) and nothing else
+/// Takes ownership of a descriptor a syscall has just returned.
+pub(crate) fn own(fd: RawFd) -> OwnedFd {
+    // SAFETY: `fd` was just returned by open(2)/openat(2)/openat2(2) and nothing else
     // refers to it, so this is its one owner.
     unsafe { OwnedFd::from_raw_fd(fd) }
 }

@@ -2,7 +2,7 @@
 //! for the runtime's mounts before the container is created, never
 //! following a symlink of it on the host.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -11,17 +11,12 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 
 use crate::Error;
+use crate::fs::own;
 use crate::retry::Retry;
 
 /// Bound on retries of an openat2 answering EAGAIN (a mount or rename
 /// somewhere on the system during the lookup).
 const EAGAIN_RETRIES: u32 = 64;
-
-fn own(fd: RawFd) -> OwnedFd {
-    // SAFETY: a fresh fd from open(2)/openat(2)/openat2(2), owned by
-    // nothing else.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
 
 fn io(op: &'static str, root: &Path, rel: &str) -> impl Fn(Errno) -> Error {
     let path = root.join(rel);
