@@ -363,10 +363,16 @@ impl Bridge {
         tty: bool,
     ) -> Result<Bridge, BackendError> {
         if stdin {
-            writer
-                .declare_stdin()
-                .await
-                .map_err(|e| BackendError::Failed(format!("attach: {e}")))?;
+            match writer.declare_stdin().await {
+                Ok(()) => {}
+                // The monitor has already closed its end: a process that
+                // exited at once (`true`) on a loaded node. What it sent
+                // (output, the exit frame) is still ours to read.
+                Err(e) if monitor_closed(&e) => {
+                    debug!("the monitor closed before stdin was declared: {e}");
+                }
+                Err(e) => return Err(BackendError::Failed(format!("attach: {e}"))),
+            }
         }
         let (ev_tx, events) = mpsc::channel(EVENT_BUFFER);
         let (input, mut in_rx) = mpsc::channel::<Input>(INPUT_BUFFER);
@@ -475,11 +481,67 @@ impl Bridge {
     }
 }
 
+/// A write to the monitor failed because it closed its end.
+fn monitor_closed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    )
+}
+
 async fn flush(io: &mut StreamIo) {
     for w in [io.stdout.as_mut(), io.stderr.as_mut()]
         .into_iter()
         .flatten()
     {
         let _ = w.flush().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixListener;
+
+    use crust_shim_protocol::{STREAM_EXIT, STREAM_STDOUT, Shim, frame};
+
+    use super::*;
+
+    /// A monitor that answers an attach with output and the exit frame and
+    /// closes at once, before the client said anything (an exec of `true`
+    /// on a loaded node): the session still ends with the exit code, not
+    /// with the broken pipe of the client's first write.
+    #[tokio::test]
+    async fn an_exec_that_exited_before_the_client_spoke_reports_its_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener =
+            UnixListener::bind(dir.path().join(crust_shim_protocol::ATTACH_SOCKET)).unwrap();
+        let monitor = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            frame::write_frame(&mut s, STREAM_STDOUT, b"bye\n").unwrap();
+            let exit = br#"{"pid":7,"exit_code":42,"exited_at":"2026-11-28T00:00:00Z","exited_at_unix_nanos":0}"#;
+            frame::write_frame(&mut s, STREAM_EXIT, exit).unwrap();
+            s.flush().unwrap();
+        });
+        let shim = Shim::from_parts(dir.path().to_path_buf(), 1, 7);
+        let (reader, writer) = shim.attach().await.unwrap();
+        monitor.join().unwrap(); // its end is closed now
+        let bridge = Bridge::start(reader, writer, true, true).await.unwrap();
+        let (out_w, mut out_r) = tokio::io::duplex(1024);
+        let io = StreamIo {
+            stdin: Some(Box::new(tokio::io::empty())),
+            stdout: Some(Box::new(out_w)),
+            stderr: None,
+            resize: None,
+        };
+        let exit = bridge
+            .run(io, false)
+            .await
+            .unwrap()
+            .expect("the exit frame");
+        assert_eq!(exit.exit_code, 42);
+        let mut out = Vec::new();
+        out_r.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out, b"bye\n");
     }
 }
