@@ -72,6 +72,39 @@ pub fn default_mounts(privileged: bool) -> Vec<Mount> {
 /// The options of an image volume's bind mount, whatever the request asks.
 pub const IMAGE_VOLUME_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "noexec"];
 
+/// The options `Mount.mount_options` may ask for (KEP-5855: what
+/// Kubernetes' `volumeMounts[].bindMountOptions` allows). Every handler
+/// applies them to the bind mount like `ro` (runc, crun and libcontainer
+/// remount the bind with them), so they hold for all handlers alike.
+pub const BIND_MOUNT_OPTIONS: &[&str] = &["nosuid", "nodev", "noexec"];
+
+/// `config.mounts[i].mount_options`, checked: each one of
+/// [`BIND_MOUNT_OPTIONS`]; anything else (a typo, `exec`, `suid`, a
+/// filesystem's option) is refused naming it, since ignoring it would run
+/// the container without a restriction its pod asked for.
+fn bind_mount_options(i: usize, given: &[String]) -> Result<Vec<&'static str>, SpecError> {
+    given
+        .iter()
+        .enumerate()
+        .map(|(j, o)| {
+            BIND_MOUNT_OPTIONS
+                .iter()
+                .find(|known| **known == o.as_str())
+                .copied()
+                .ok_or_else(|| {
+                    SpecError::invalid(
+                        format!("config.mounts[{i}].mount_options[{j}]"),
+                        format!(
+                            "unknown bind mount option {} (allowed: {})",
+                            quote_os(o),
+                            BIND_MOUNT_OPTIONS.join(", ")
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
 fn bind(dest: &str, source: &Path, options: Vec<String>) -> Mount {
     let mut m = Mount::default();
     m.set_destination(PathBuf::from(dest));
@@ -226,6 +259,11 @@ pub(crate) fn container_mounts(
                 ));
             }
             options.push("rro".into());
+        }
+        for o in bind_mount_options(i, &m.mount_options)? {
+            if !options.iter().any(|x| x == o) {
+                options.push(o.to_string());
+            }
         }
         // selinux_relabel: no SELinux on crust's hosts; ignored.
         requested.push((dest.clone(), bind(&dest, &resolved, options)));

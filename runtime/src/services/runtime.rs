@@ -62,6 +62,10 @@ impl RuntimeService for Cri {
                 // ContainerStatus.user reports the result.
                 supplemental_groups_policy: true,
                 user_namespaces_host_network: false,
+                // Mount.mount_options (nosuid, nodev, noexec) go onto the
+                // bind mount for every handler (crates/oci mounts.rs);
+                // anything else is refused, never ignored.
+                mount_options: true,
             }),
         }))
     }
