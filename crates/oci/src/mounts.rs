@@ -114,13 +114,35 @@ fn bind(dest: &str, source: &Path, options: Vec<String>) -> Mount {
     m
 }
 
+/// /sys for a container whose user namespace does not own its network
+/// namespace (a user namespace pod on the node's network): the kernel lets
+/// only a user namespace that owns the network namespace mount sysfs, so
+/// the node's /sys is bind-mounted instead, as containerd 2.3 and CRI-O
+/// 1.35 do: read-only, recursively where the handler can (`rro`), nosuid,
+/// nodev, noexec. The node's sysfs files stay owned by the node's root,
+/// which the container's user namespace does not map.
+fn host_sys_bind(privileged: bool, rro: bool) -> Mount {
+    let mut options: Vec<String> = ["rbind", "nosuid", "nodev", "noexec"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    options.push(if privileged { "rw" } else { "ro" }.into());
+    if rro && !privileged {
+        options.push("rro".into());
+    }
+    bind("/sys", Path::new("/sys"), options)
+}
+
 /// The container's mounts and the root propagation they need
-/// (`rslave`/`rshared` when a mount asks for it, else None).
+/// (`rslave`/`rshared` when a mount asks for it, else None). `host_sys`:
+/// /sys is the node's, bound (see [`host_sys_bind`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn container_mounts(
     config: &ContainerConfig,
     privileged: bool,
     readonly_rootfs: bool,
     ipc_host: bool,
+    host_sys: bool,
     pod: &PodFacts,
     runtime: &RuntimeFacts,
     host: &dyn Host,
@@ -317,6 +339,13 @@ pub(crate) fn container_mounts(
             let replaced = supplied_dests.contains(d.as_ref());
             let under_supplied_dev = dev_supplied && is_under(&d, "/dev");
             !replaced && !under_supplied_dev
+        })
+        .map(|m| {
+            if host_sys && m.destination() == Path::new("/sys") {
+                host_sys_bind(privileged, runtime.rro_supported)
+            } else {
+                m
+            }
         })
         .collect();
     mounts.extend(supplied.into_iter().map(|(_, m)| m));
