@@ -451,6 +451,107 @@ async fn image_volumes_runc() {
     image_volumes("runc").await;
 }
 
+/// `ImageSpec.image_ref` of an image volume (a digest, as ContainerStatus
+/// reports it, KEP-5365) pins what is mounted: the image it names or none.
+async fn image_volume_refs(handler: &str) {
+    let mut e = env().await;
+    let (two, one) = artifact_images();
+    let reg = Pusher::new(&e.reg);
+    reg.image("test/artifact", "v1", &two).await;
+    reg.image("test/one", "v1", &one).await;
+    let two_ref = format!("{}/test/artifact:v1", e.reg.host);
+    let one_ref = format!("{}/test/one:v1", e.reg.host);
+    let two_id = pull_image(&mut e.ic, &two_ref).await;
+    pull_image(&mut e.ic, &one_ref).await;
+    let two_digest = format!("{}/test/artifact@{}", e.reg.host, two.manifest_digest());
+    let pod = e.pod("imgref", handler).await;
+    let pinned = |image: &str, image_ref: &str| {
+        let mut m = image_volume("/vol", image, "");
+        m.image.as_mut().unwrap().image_ref = image_ref.into();
+        m
+    };
+
+    // By image ID and by digest reference; `image` gone while the pinned
+    // content is here: the pinned image is mounted.
+    let absent = format!("{}/test/absent:v1", e.reg.host);
+    for (i, (image, image_ref)) in [
+        (&two_ref, &two_id),
+        (&two_ref, &two_digest),
+        (&absent, &two_id),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = e.container(&format!("pinned{i}"));
+        c.mounts = vec![pinned(image, image_ref)];
+        let id = e.run(&pod, c).await;
+        let (code, out) = e.sh(&id, "cat /vol/data/sub/file").await;
+        assert_eq!((code, out.as_str()), (0, "from layer 2\n"), "{image_ref}");
+        let (st, _) = e.status(&id).await;
+        assert_eq!(st.mounts[0].image.as_ref().unwrap().image_ref, two_id);
+    }
+
+    // Refusals name the field and leave nothing behind.
+    let before = mounts_under(&e.d.run_dir).len();
+    let missing = format!("sha256:{}", "0".repeat(64));
+    let cases: Vec<(v1::Mount, Code, &str)> = vec![
+        // `image` names another image than the pinned one.
+        (
+            pinned(&one_ref, &two_id),
+            Code::InvalidArgument,
+            "config.mounts[0].image.image_ref",
+        ),
+        (
+            pinned(&two_ref, &missing),
+            Code::NotFound,
+            "config.mounts[0].image.image_ref",
+        ),
+        // A tag pins nothing.
+        (
+            pinned(&two_ref, &one_ref),
+            Code::InvalidArgument,
+            "config.mounts[0].image.image_ref",
+        ),
+        (
+            pinned("", &two_id),
+            Code::InvalidArgument,
+            "config.mounts[0].image.image",
+        ),
+    ];
+    for (i, (m, code, field)) in cases.into_iter().enumerate() {
+        let mut c = e.container(&format!("bad{i}"));
+        c.mounts = vec![m];
+        let err = e.create(&pod, c).await.unwrap_err();
+        assert_eq!((err.code(), field_of(&err)), (code, field), "{err}");
+        assert!(err.message().len() <= 1024, "{err}");
+    }
+    assert_eq!(
+        mounts_under(&e.d.run_dir).len(),
+        before,
+        "a refused create leaves no mount"
+    );
+    let listed =
+        e.rt.list_containers(v1::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    e.remove_pod(&pod).await;
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_volume_refs_embedded() {
+    image_volume_refs("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_volume_refs_runc() {
+    require!(Need::Runc);
+    image_volume_refs("runc").await;
+}
+
 // ---------------------------------------------------------------------------
 // User namespaces
 
