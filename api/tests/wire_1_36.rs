@@ -146,3 +146,80 @@ fn regenerate() {
     text.push('\n');
     std::fs::write(FIXTURE, text).unwrap();
 }
+
+/// kubelet 1.36's `Mount`: without `mount_options` (11).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Mount136 {
+    #[prost(string, tag = "1")]
+    container_path: String,
+    #[prost(string, tag = "2")]
+    host_path: String,
+    #[prost(bool, tag = "3")]
+    readonly: bool,
+    #[prost(bool, tag = "4")]
+    selinux_relabel: bool,
+    #[prost(enumeration = "crust_api::v1::MountPropagation", tag = "5")]
+    propagation: i32,
+    #[prost(message, repeated, tag = "6")]
+    uid_mappings: Vec<crust_api::v1::IdMapping>,
+    #[prost(message, repeated, tag = "7")]
+    gid_mappings: Vec<crust_api::v1::IdMapping>,
+    #[prost(bool, tag = "8")]
+    recursive_read_only: bool,
+    #[prost(message, optional, tag = "9")]
+    image: Option<crust_api::v1::ImageSpec>,
+    #[prost(string, tag = "10")]
+    image_sub_path: String,
+}
+
+/// A 1.36 kubelet's mount reaches crust whole and without options; a mount
+/// with options reaches a 1.36 reader (crictl 1.36, a CRI proxy) whole but for
+/// them.
+#[test]
+fn mounts_cross_between_1_36_and_master() {
+    use prost::Message;
+    let map = crust_api::v1::IdMapping {
+        host_id: 100000,
+        container_id: 0,
+        length: 65536,
+    };
+    let old = Mount136 {
+        container_path: "/data".into(),
+        host_path: "/srv/data".into(),
+        readonly: true,
+        selinux_relabel: true,
+        propagation: crust_api::v1::MountPropagation::PropagationHostToContainer as i32,
+        uid_mappings: vec![map],
+        gid_mappings: vec![map],
+        recursive_read_only: true,
+        image: Some(crust_api::v1::ImageSpec {
+            image: "sha256:abc".into(),
+            ..Default::default()
+        }),
+        image_sub_path: "sub".into(),
+    };
+    let new = crust_api::v1::Mount::decode(old.encode_to_vec().as_slice()).unwrap();
+    assert!(new.mount_options.is_empty());
+    let expect = crust_api::v1::Mount {
+        container_path: old.container_path.clone(),
+        host_path: old.host_path.clone(),
+        readonly: true,
+        selinux_relabel: true,
+        propagation: old.propagation,
+        uid_mappings: old.uid_mappings.clone(),
+        gid_mappings: old.gid_mappings.clone(),
+        recursive_read_only: true,
+        image: old.image.clone(),
+        image_sub_path: old.image_sub_path.clone(),
+        mount_options: vec![],
+    };
+    assert_eq!(new, expect);
+    // Without options the bytes are 1.36's own.
+    assert_eq!(new.encode_to_vec(), old.encode_to_vec());
+    let with_options = crust_api::v1::Mount {
+        mount_options: vec!["noexec".into(), "nosuid".into()],
+        ..expect
+    };
+    let seen = Mount136::decode(with_options.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(seen, old);
+}
