@@ -60,6 +60,66 @@ async fn status(d: &Daemon, verbose: bool) -> v1::StatusResponse {
         .into_inner()
 }
 
+/// kubelet 1.36's `RuntimeFeatures`: without `mount_options` (3), which
+/// crust's proto has from cri-api master.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuntimeFeatures136 {
+    #[prost(bool, tag = "1")]
+    supplemental_groups_policy: bool,
+    #[prost(bool, tag = "2")]
+    user_namespaces_host_network: bool,
+}
+
+/// kubelet 1.36's `StatusResponse` (its other messages are 1.36's as they
+/// are: api/tests/wire_1_36.rs).
+#[derive(Clone, PartialEq, prost::Message)]
+struct StatusResponse136 {
+    #[prost(message, optional, tag = "1")]
+    status: Option<v1::RuntimeStatus>,
+    #[prost(map = "string, string", tag = "2")]
+    info: std::collections::HashMap<String, String>,
+    #[prost(message, repeated, tag = "3")]
+    runtime_handlers: Vec<v1::RuntimeHandler>,
+    #[prost(message, optional, tag = "4")]
+    features: Option<RuntimeFeatures136>,
+}
+
+/// A client built from cri-api 1.36 reads Status as the current one does:
+/// the fields crust's proto added (RuntimeFeatures.mount_options) pass it
+/// by as unknown ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cri_1_36_client_reads_status() {
+    use crust_test_support::tonic;
+    let d = Daemon::start().await;
+    let mut grpc = tonic::client::Grpc::new(d.channel().await.unwrap());
+    grpc.ready().await.unwrap();
+    let old: StatusResponse136 = grpc
+        .unary(
+            tonic::Request::new(v1::StatusRequest { verbose: false }),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/runtime.v1.RuntimeService/Status",
+            ),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Status for a 1.36 client: {e}"))
+        .into_inner();
+    let new = status(&d, false).await;
+    let features = new.features.unwrap();
+    assert!(features.mount_options, "{features:?}");
+    assert_eq!(
+        old.features,
+        Some(RuntimeFeatures136 {
+            supplemental_groups_policy: features.supplemental_groups_policy,
+            user_namespaces_host_network: features.user_namespaces_host_network,
+        })
+    );
+    assert!(old.features.unwrap().supplemental_groups_policy);
+    assert_eq!(old.runtime_handlers, new.runtime_handlers);
+    let conds = &old.status.as_ref().unwrap().conditions;
+    assert!(condition(conds, "RuntimeReady").status);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn status_reports_network_ready_once_a_cni_config_appears() {
     let d = Daemon::start().await;

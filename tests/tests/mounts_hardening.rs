@@ -1,5 +1,7 @@
 //! Mount hardening (issue 27), end to end through the real daemon on the
-//! embedded and runc handlers: image volumes are nosuid, nodev and noexec;
+//! embedded and runc handlers: image volumes are nosuid, nodev and noexec,
+//! and so is any volume whose `mount_options` ask for it (KEP-5855, crun
+//! too);
 //! Bidirectional propagation is for privileged containers only; magic-link
 //! working dirs and images whose /proc, /sys or /dev/shm are symlinks are
 //! refused with an error naming what is wrong; images whose /etc/hosts,
@@ -374,6 +376,180 @@ async fn image_volume_flags_userns_embedded() {
 async fn image_volume_flags_userns_runc() {
     require!(Need::Runc);
     image_volume_flags("runc", true).await;
+}
+
+// ---------------------------------------------------------------------------
+// Mount.mount_options (KEP-5855): nosuid, nodev, noexec on a volume's bind
+
+/// A host dir as a volume: the setuid-root euid probe and a character
+/// device (1:3, which the device cgroup allows), both root-owned.
+fn hostile_volume() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("euid");
+    std::fs::write(&probe, euid_probe()).unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    nix::sys::stat::mknod(
+        &dir.path().join("null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    // mknod's mode went through the umask.
+    std::fs::set_permissions(
+        dir.path().join("null"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    // The controls below need a host file system that honours both.
+    let st = nix::sys::statvfs::statvfs(dir.path()).unwrap();
+    let host = nix::sys::statvfs::FsFlags::ST_NOSUID | nix::sys::statvfs::FsFlags::ST_NODEV;
+    assert!(
+        !st.flags().intersects(host),
+        "the test's temp dir is on a nosuid/nodev file system"
+    );
+    dir
+}
+
+async fn mount_options(handler: &str) {
+    if std::env::consts::ARCH != "x86_64" {
+        crust_test_support::skip!("the euid probe is an x86-64 binary");
+    }
+    let mut e = env().await;
+    let status =
+        e.rt.status(v1::StatusRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(status.features.unwrap().mount_options, "{status:?}");
+    let vol = hostile_volume();
+    let pod = e.pod("mountopts", handler, false).await;
+    let mount = |at: &str, options: &[&str]| v1::Mount {
+        container_path: at.into(),
+        host_path: vol.path().display().to_string(),
+        mount_options: options.iter().map(|o| o.to_string()).collect(),
+        ..Default::default()
+    };
+    let mut c = container_config("app", &e.image);
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .run_as_user = Some(v1::Int64Value { value: 1000 });
+    c.mounts = vec![
+        mount("/plain", &[]),
+        mount("/nosuid", &["nosuid"]),
+        mount("/noexec", &["noexec"]),
+        mount("/nodev", &["nodev"]),
+        mount("/all", &["noexec", "nosuid", "nodev", "nosuid"]),
+    ];
+    let id = e.run(&pod, c).await;
+
+    // The setuid-root probe exits with its euid's low byte: 0 is root,
+    // 232 is 1000 (the setuid bit ignored), 126 is no exec at all.
+    let (_, out) = e
+        .sh(
+            &id,
+            "for d in plain nosuid noexec nodev all; do /$d/euid; echo $d=$?; done",
+        )
+        .await;
+    let status_of = |d: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{d}=")))
+            .unwrap_or_else(|| panic!("no status of /{d}: {out}"))
+            .to_string()
+    };
+    assert_eq!(status_of("plain"), "0", "setuid without options: {out}");
+    assert_eq!(status_of("nodev"), "0", "{out}");
+    assert_eq!(status_of("nosuid"), "232", "nosuid: {out}");
+    assert_eq!(status_of("noexec"), "126", "noexec: {out}");
+    assert_eq!(status_of("all"), "126", "{out}");
+
+    // The device node opens only where nodev is not asked for.
+    let (_, out) = e
+        .sh(
+            &id,
+            "for d in plain nosuid noexec nodev all; do echo x > /$d/null && echo $d=W; done",
+        )
+        .await;
+    let wrote: Vec<&str> = out.lines().filter_map(|l| l.strip_suffix("=W")).collect();
+    assert_eq!(wrote, ["plain", "nosuid", "noexec"], "{out}");
+
+    // The mounts as the container sees them.
+    let (code, out) = e.sh(&id, "cat /proc/self/mountinfo").await;
+    assert_eq!(code, 0, "{out}");
+    let flags = |at: &str| -> Vec<String> {
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some(at))
+            .unwrap_or_else(|| panic!("{at} not mounted: {out}"));
+        let opts = line.split_whitespace().nth(5).unwrap_or_default();
+        ["nosuid", "nodev", "noexec"]
+            .into_iter()
+            .filter(|f| opts.split(',').any(|o| o == *f))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(flags("/plain"), Vec::<String>::new());
+    assert_eq!(flags("/nosuid"), ["nosuid"]);
+    assert_eq!(flags("/nodev"), ["nodev"]);
+    assert_eq!(flags("/noexec"), ["noexec"]);
+    assert_eq!(flags("/all"), ["nosuid", "nodev", "noexec"]);
+
+    // Anything else is refused naming the option, bounded, and leaves no
+    // container behind.
+    for (options, field, said) in [
+        (
+            vec!["nodev".to_string(), "exec".to_string()],
+            "config.mounts[1].mount_options[1]",
+            "\"exec\"",
+        ),
+        (
+            vec!["x".repeat(100_000)],
+            "config.mounts[1].mount_options[0]",
+            "over the limit",
+        ),
+        (
+            vec![format!("noexec,{}", "y".repeat(40))],
+            "config.mounts[1].mount_options[0]",
+            "unknown bind mount option",
+        ),
+    ] {
+        let mut c = container_config("bad", &e.image);
+        c.mounts = vec![mount("/plain", &[]), mount("/hard", &[])];
+        c.mounts[1].mount_options = options;
+        let err = e.create(&pod, c).await.unwrap_err();
+        assert_refused(&err, &[Code::InvalidArgument], field);
+        assert!(err.message().contains(said), "{err}");
+    }
+    let listed =
+        e.rt.list_containers(v1::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    e.remove_pod(&pod).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mount_options_embedded() {
+    mount_options("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mount_options_runc() {
+    require!(Need::Runc);
+    mount_options("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mount_options_crun() {
+    require!(Need::Crun);
+    mount_options("crun").await;
 }
 
 // ---------------------------------------------------------------------------

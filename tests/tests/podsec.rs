@@ -451,6 +451,107 @@ async fn image_volumes_runc() {
     image_volumes("runc").await;
 }
 
+/// `ImageSpec.image_ref` of an image volume (a digest, as ContainerStatus
+/// reports it, KEP-5365) pins what is mounted: the image it names or none.
+async fn image_volume_refs(handler: &str) {
+    let mut e = env().await;
+    let (two, one) = artifact_images();
+    let reg = Pusher::new(&e.reg);
+    reg.image("test/artifact", "v1", &two).await;
+    reg.image("test/one", "v1", &one).await;
+    let two_ref = format!("{}/test/artifact:v1", e.reg.host);
+    let one_ref = format!("{}/test/one:v1", e.reg.host);
+    let two_id = pull_image(&mut e.ic, &two_ref).await;
+    pull_image(&mut e.ic, &one_ref).await;
+    let two_digest = format!("{}/test/artifact@{}", e.reg.host, two.manifest_digest());
+    let pod = e.pod("imgref", handler).await;
+    let pinned = |image: &str, image_ref: &str| {
+        let mut m = image_volume("/vol", image, "");
+        m.image.as_mut().unwrap().image_ref = image_ref.into();
+        m
+    };
+
+    // By image ID and by digest reference; `image` gone while the pinned
+    // content is here: the pinned image is mounted.
+    let absent = format!("{}/test/absent:v1", e.reg.host);
+    for (i, (image, image_ref)) in [
+        (&two_ref, &two_id),
+        (&two_ref, &two_digest),
+        (&absent, &two_id),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = e.container(&format!("pinned{i}"));
+        c.mounts = vec![pinned(image, image_ref)];
+        let id = e.run(&pod, c).await;
+        let (code, out) = e.sh(&id, "cat /vol/data/sub/file").await;
+        assert_eq!((code, out.as_str()), (0, "from layer 2\n"), "{image_ref}");
+        let (st, _) = e.status(&id).await;
+        assert_eq!(st.mounts[0].image.as_ref().unwrap().image_ref, two_id);
+    }
+
+    // Refusals name the field and leave nothing behind.
+    let before = mounts_under(&e.d.run_dir).len();
+    let missing = format!("sha256:{}", "0".repeat(64));
+    let cases: Vec<(v1::Mount, Code, &str)> = vec![
+        // `image` names another image than the pinned one.
+        (
+            pinned(&one_ref, &two_id),
+            Code::InvalidArgument,
+            "config.mounts[0].image.image_ref",
+        ),
+        (
+            pinned(&two_ref, &missing),
+            Code::NotFound,
+            "config.mounts[0].image.image_ref",
+        ),
+        // A tag pins nothing.
+        (
+            pinned(&two_ref, &one_ref),
+            Code::InvalidArgument,
+            "config.mounts[0].image.image_ref",
+        ),
+        (
+            pinned("", &two_id),
+            Code::InvalidArgument,
+            "config.mounts[0].image.image",
+        ),
+    ];
+    for (i, (m, code, field)) in cases.into_iter().enumerate() {
+        let mut c = e.container(&format!("bad{i}"));
+        c.mounts = vec![m];
+        let err = e.create(&pod, c).await.unwrap_err();
+        assert_eq!((err.code(), field_of(&err)), (code, field), "{err}");
+        assert!(err.message().len() <= 1024, "{err}");
+    }
+    assert_eq!(
+        mounts_under(&e.d.run_dir).len(),
+        before,
+        "a refused create leaves no mount"
+    );
+    let listed =
+        e.rt.list_containers(v1::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    e.remove_pod(&pod).await;
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_volume_refs_embedded() {
+    image_volume_refs("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_volume_refs_runc() {
+    require!(Need::Runc);
+    image_volume_refs("runc").await;
+}
+
 // ---------------------------------------------------------------------------
 // User namespaces
 
@@ -570,8 +671,8 @@ fn owner(p: &Path) -> (u32, u32) {
 async fn user_namespaces(handler: &str) {
     use std::os::unix::fs::PermissionsExt;
     let mut e = env().await;
-    // hostUsers: false pods have their own network (kubelet refuses host
-    // network with a user namespace).
+    // hostUsers: false pods with their own network (the node's network:
+    // userns_host_network below).
     let _net = crust_test_support::TestNetwork::install(&e.d, &[]);
     let status =
         e.rt.status(v1::StatusRequest { verbose: false })
@@ -827,6 +928,178 @@ async fn user_namespaces_runc() {
 async fn user_namespaces_crun() {
     require!(Need::Crun);
     user_namespaces("crun").await;
+}
+
+/// The names of the network interfaces `/sys/class/net` lists.
+fn interfaces(listing: &str) -> Vec<String> {
+    let mut v: Vec<String> = listing.split_whitespace().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+/// A user namespace pod on the node's network (kubelet 1.36's
+/// UserNamespacesHostNetworkSupport): root inside is the mapping's first
+/// host ID, the container sees the node's interfaces through the node's
+/// /sys, bound read-only (its user namespace cannot mount sysfs for the
+/// node's network namespace).
+async fn userns_host_network(handler: &str) {
+    let mut e = env().await;
+    let status =
+        e.rt.status(v1::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner();
+    let features = status.features.unwrap();
+    assert!(features.user_namespaces_host_network, "{features:?}");
+
+    let good = vec![mapping(0, USERNS_HOST_ID, 65536)];
+    let mut config = userns_pod(&e, "usernshost", good.clone(), v1::NamespaceMode::Pod);
+    let set_ns = |config: &mut v1::PodSandboxConfig, f: &dyn Fn(&mut v1::NamespaceOption)| {
+        f(config
+            .linux
+            .as_mut()
+            .unwrap()
+            .security_context
+            .as_mut()
+            .unwrap()
+            .namespace_options
+            .as_mut()
+            .unwrap())
+    };
+    set_ns(&mut config, &|o| o.network = v1::NamespaceMode::Node as i32);
+    let pod = e
+        .try_pod(config.clone(), handler)
+        .await
+        .unwrap_or_else(|err| panic!("RunPodSandbox: {err}"));
+    let mut c = e.container("main");
+    c.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone());
+    let id = e.run(&pod, c).await;
+
+    let (_, out, _) = e.exec(&id, &["cat", "/proc/self/uid_map"]).await;
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["0", "200000", "65536"],
+        "{out}"
+    );
+    let (_, out, _) = e.exec(&id, &["id", "-u"]).await;
+    assert_eq!(out.trim(), "0");
+    // The node's network namespace and interfaces, in a user namespace of
+    // the pod's own.
+    let pid = e.pid_of(&id).await;
+    let ns = |p: String| std::fs::read_link(p).unwrap();
+    assert_eq!(
+        ns(format!("/proc/{pid}/ns/net")),
+        ns("/proc/self/ns/net".into())
+    );
+    assert_ne!(
+        ns(format!("/proc/{pid}/ns/user")),
+        ns("/proc/self/ns/user".into())
+    );
+    // Other tests add and remove veths meanwhile: compared while the
+    // node's list holds still.
+    let host = || {
+        let names: Vec<String> = std::fs::read_dir("/sys/class/net")
+            .unwrap()
+            .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        interfaces(&names.join(" "))
+    };
+    for attempt in 0.. {
+        let before = host();
+        let (code, out) = e.sh(&id, "ls /sys/class/net").await;
+        assert_eq!(code, 0, "{out}");
+        if before != host() && attempt < 20 {
+            continue;
+        }
+        assert_eq!(interfaces(&out), before);
+        assert!(before.len() > 1, "the node has more than lo: {before:?}");
+        break;
+    }
+    // The node's hostname (its UTS namespace goes with its network).
+    let (_, out, _) = e.exec(&id, &["cat", "/proc/sys/kernel/hostname"]).await;
+    assert_eq!(
+        out.trim(),
+        nix::unistd::gethostname().unwrap().to_string_lossy()
+    );
+    // /sys: the node's sysfs, read-only, not writable by the container's
+    // root; /proc, /sys/fs/cgroup and /dev/shm work.
+    let (code, out) = e.sh(&id, "grep ' /sys ' /proc/self/mountinfo").await;
+    assert_eq!(code, 0, "{out}");
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert!(
+        fields[5].split(',').any(|o| o == "ro") && out.contains(" - sysfs "),
+        "{out}"
+    );
+    let (code, out) = e
+        .sh(
+            &id,
+            "echo change > /sys/kernel/uevent_helper || mkdir /sys/x || echo refused",
+        )
+        .await;
+    assert!(code == 0 && out.contains("refused"), "{out}");
+    let (code, out) = e
+        .sh(
+            &id,
+            "ls /sys/fs/cgroup >/dev/null && grep -c Uid /proc/self/status \
+             && echo x > /dev/shm/x && cat /dev/shm/x",
+        )
+        .await;
+    assert_eq!((code, out.as_str()), (0, "1\nx\n"), "{out}");
+
+    // The node's IPC or PID namespace stays refused with a user namespace.
+    const F: &str = "config.linux.security_context.namespace_options.userns_options.mode";
+    for (i, host) in [
+        (|o: &mut v1::NamespaceOption| o.ipc = v1::NamespaceMode::Node as i32)
+            as fn(&mut v1::NamespaceOption),
+        |o: &mut v1::NamespaceOption| o.pid = v1::NamespaceMode::Node as i32,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut bad = userns_pod(
+            &e,
+            &format!("usernshost{i}"),
+            good.clone(),
+            v1::NamespaceMode::Pod,
+        );
+        set_ns(&mut bad, &|o| o.network = v1::NamespaceMode::Node as i32);
+        set_ns(&mut bad, &|o| host(o));
+        let err = e.try_pod(bad, handler).await.unwrap_err();
+        assert_eq!(
+            (err.code(), field_of(&err)),
+            (Code::InvalidArgument, F),
+            "{err}"
+        );
+    }
+    e.remove_pod(&pod).await;
+    e.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userns_host_network_embedded() {
+    userns_host_network("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userns_host_network_runc() {
+    require!(Need::Runc);
+    userns_host_network("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userns_host_network_crun() {
+    require!(Need::Crun);
+    userns_host_network("crun").await;
 }
 
 // ---------------------------------------------------------------------------

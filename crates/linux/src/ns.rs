@@ -284,7 +284,9 @@ pub fn pin_namespaces(dir: &Path, opts: &PinOptions) -> Result<PinnedNamespaces,
             NamespaceKind::Uts => opts.uts,
         })
         .collect();
-    if kinds.is_empty() {
+    // A user namespace is pinned even without others to own (a pod on the
+    // node's network, IPC and UTS namespaces).
+    if kinds.is_empty() && opts.userns.is_none() {
         return Ok(PinnedNamespaces::default());
     }
     crate::mounts::ensure_real_dir(dir, 0o755, "namespace dir")?;

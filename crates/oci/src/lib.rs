@@ -76,7 +76,7 @@ pub use input::{
     CgroupDriver, Host, HostDevice, HostPropagation, IdMapping, ImageConfig, PauseInput, PodFacts,
     RuntimeFacts, SeccompArch, SpecInput, UnsetSeccomp, UserNs,
 };
-pub use mounts::{IMAGE_VOLUME_OPTIONS, default_mounts};
+pub use mounts::{BIND_MOUNT_OPTIONS, IMAGE_VOLUME_OPTIONS, default_mounts};
 pub use process::{DEFAULT_PATH_ENV, magic_dir, process_args, process_cwd, process_env};
 pub use resources::{
     effective_oom_score_adj, linux_resources, merge_resources, pod_cgroup_resources,

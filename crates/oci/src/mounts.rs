@@ -72,6 +72,39 @@ pub fn default_mounts(privileged: bool) -> Vec<Mount> {
 /// The options of an image volume's bind mount, whatever the request asks.
 pub const IMAGE_VOLUME_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "noexec"];
 
+/// The options `Mount.mount_options` may ask for (KEP-5855: what
+/// Kubernetes' `volumeMounts[].bindMountOptions` allows). Every handler
+/// applies them to the bind mount like `ro` (runc, crun and libcontainer
+/// remount the bind with them), so they hold for all handlers alike.
+pub const BIND_MOUNT_OPTIONS: &[&str] = &["nosuid", "nodev", "noexec"];
+
+/// `config.mounts[i].mount_options`, checked: each one of
+/// [`BIND_MOUNT_OPTIONS`]; anything else (a typo, `exec`, `suid`, a
+/// filesystem's option) is refused naming it, since ignoring it would run
+/// the container without a restriction its pod asked for.
+fn bind_mount_options(i: usize, given: &[String]) -> Result<Vec<&'static str>, SpecError> {
+    given
+        .iter()
+        .enumerate()
+        .map(|(j, o)| {
+            BIND_MOUNT_OPTIONS
+                .iter()
+                .find(|known| **known == o.as_str())
+                .copied()
+                .ok_or_else(|| {
+                    SpecError::invalid(
+                        format!("config.mounts[{i}].mount_options[{j}]"),
+                        format!(
+                            "unknown bind mount option {} (allowed: {})",
+                            quote_os(o),
+                            BIND_MOUNT_OPTIONS.join(", ")
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
 fn bind(dest: &str, source: &Path, options: Vec<String>) -> Mount {
     let mut m = Mount::default();
     m.set_destination(PathBuf::from(dest));
@@ -81,13 +114,35 @@ fn bind(dest: &str, source: &Path, options: Vec<String>) -> Mount {
     m
 }
 
+/// /sys for a container whose user namespace does not own its network
+/// namespace (a user namespace pod on the node's network): the kernel lets
+/// only a user namespace that owns the network namespace mount sysfs, so
+/// the node's /sys is bind-mounted instead, as containerd 2.3 and CRI-O
+/// 1.35 do: read-only, recursively where the handler can (`rro`), nosuid,
+/// nodev, noexec. The node's sysfs files stay owned by the node's root,
+/// which the container's user namespace does not map.
+fn host_sys_bind(privileged: bool, rro: bool) -> Mount {
+    let mut options: Vec<String> = ["rbind", "nosuid", "nodev", "noexec"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    options.push(if privileged { "rw" } else { "ro" }.into());
+    if rro && !privileged {
+        options.push("rro".into());
+    }
+    bind("/sys", Path::new("/sys"), options)
+}
+
 /// The container's mounts and the root propagation they need
-/// (`rslave`/`rshared` when a mount asks for it, else None).
+/// (`rslave`/`rshared` when a mount asks for it, else None). `host_sys`:
+/// /sys is the node's, bound (see [`host_sys_bind`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn container_mounts(
     config: &ContainerConfig,
     privileged: bool,
     readonly_rootfs: bool,
     ipc_host: bool,
+    host_sys: bool,
     pod: &PodFacts,
     runtime: &RuntimeFacts,
     host: &dyn Host,
@@ -227,6 +282,11 @@ pub(crate) fn container_mounts(
             }
             options.push("rro".into());
         }
+        for o in bind_mount_options(i, &m.mount_options)? {
+            if !options.iter().any(|x| x == o) {
+                options.push(o.to_string());
+            }
+        }
         // selinux_relabel: no SELinux on crust's hosts; ignored.
         requested.push((dest.clone(), bind(&dest, &resolved, options)));
     }
@@ -279,6 +339,13 @@ pub(crate) fn container_mounts(
             let replaced = supplied_dests.contains(d.as_ref());
             let under_supplied_dev = dev_supplied && is_under(&d, "/dev");
             !replaced && !under_supplied_dev
+        })
+        .map(|m| {
+            if host_sys && m.destination() == Path::new("/sys") {
+                host_sys_bind(privileged, runtime.rro_supported)
+            } else {
+                m
+            }
         })
         .collect();
     mounts.extend(supplied.into_iter().map(|(_, m)| m));

@@ -194,6 +194,7 @@ pub fn container_spec(input: &SpecInput<'_>) -> Result<Spec, SpecError> {
         privileged,
         readonly_rootfs,
         modes.ipc_host(),
+        modes.net_host() && input.pod.user_ns.is_some(),
         input.pod,
         runtime,
         input.host,

@@ -878,6 +878,69 @@ fn user_namespaces_join_the_pods() {
     assert!(spec.linux().as_ref().unwrap().uid_mappings().is_none());
 }
 
+/// A user namespace pod on the node's network joins the user namespace,
+/// not a network or UTS one, and binds the node's /sys (its user namespace
+/// cannot mount sysfs for the node's network namespace).
+#[test]
+fn user_namespace_on_the_host_network() {
+    let mut fx = Fx::new();
+    fx.host_network();
+    fx.pod.user_ns = Some(UserNs {
+        path: "/run/crust/pods/sb1/ns/user".into(),
+        uid: IdMapping {
+            container_id: 0,
+            host_id: 100000,
+            size: 65536,
+        },
+        gid: IdMapping {
+            container_id: 0,
+            host_id: 100000,
+            size: 65536,
+        },
+    });
+    let pod_mode = Some(UserNamespace {
+        mode: NamespaceMode::Pod as i32,
+        ..Default::default()
+    });
+    fx.pod_ns().userns_options = pod_mode.clone();
+    fx.ctr_ns().userns_options = pod_mode;
+    let spec = fx.ok();
+    let kinds: Vec<_> = namespaces(&spec).into_iter().map(|n| n.0).collect();
+    use oci_spec::runtime::LinuxNamespaceType as T;
+    assert_eq!(kinds[0], T::User);
+    assert!(!kinds.contains(&T::Network) && !kinds.contains(&T::Uts));
+    let sys = mount_at(&spec, "/sys").unwrap();
+    assert_eq!(
+        sys,
+        (
+            "/sys".into(),
+            "bind".into(),
+            "/sys".into(),
+            s(&["rbind", "nosuid", "nodev", "noexec", "ro", "rro"])
+        )
+    );
+    // Without rro on the handler: read-only at the top.
+    fx.runtime.rro_supported = false;
+    assert_eq!(
+        mount_at(&fx.ok(), "/sys").unwrap().3,
+        s(&["rbind", "nosuid", "nodev", "noexec", "ro"])
+    );
+    // /sys/fs/cgroup stays the container's own cgroup mount.
+    assert_eq!(
+        mount_at(&fx.ok(), "/sys/fs/cgroup").unwrap().1,
+        "cgroup".to_string()
+    );
+    // Without a user namespace, or with the pod's own network: sysfs.
+    let mut plain = Fx::new();
+    plain.host_network();
+    assert_eq!(mount_at(&plain.ok(), "/sys").unwrap().1, "sysfs");
+    fx.pod_ns().network = NamespaceMode::Pod as i32;
+    fx.ctr_ns().network = NamespaceMode::Pod as i32;
+    fx.pod.net_ns = Some("/run/crust/pods/sb1/ns/net".into());
+    fx.pod.uts_ns = Some("/run/crust/pods/sb1/ns/uts".into());
+    assert_eq!(mount_at(&fx.ok(), "/sys").unwrap().1, "sysfs");
+}
+
 #[test]
 fn unknown_namespace_modes_rejected() {
     let mut fx = Fx::new();
@@ -1142,6 +1205,36 @@ fn recursive_read_only() {
     fx.config.mounts[0].host_path = "/srv/slave".into();
     fx.config.mounts[0].propagation = MountPropagation::PropagationHostToContainer as i32;
     assert_eq!(fx.err().field(), "config.mounts[0].recursive_read_only");
+}
+
+/// KEP-5855: nosuid, nodev and noexec go onto the bind as asked (once
+/// each); anything else is refused naming the option's index.
+#[test]
+fn kep_5855_mount_options() {
+    let mut fx = Fx::new();
+    fx.mount("/hard", "/data").mount_options = s(&["noexec", "nosuid", "nodev", "noexec"]);
+    fx.mount("/plain", "/data");
+    let spec = fx.ok();
+    assert_eq!(
+        mount_at(&spec, "/hard").unwrap().3,
+        s(&["rbind", "rprivate", "rw", "noexec", "nosuid", "nodev"])
+    );
+    assert_eq!(
+        mount_at(&spec, "/plain").unwrap().3,
+        s(&["rbind", "rprivate", "rw"])
+    );
+    for bad in [
+        "exec", "suid", "NOEXEC", "ro", "", " noexec", "size=1m", "noexec\0",
+    ] {
+        fx.config.mounts[1].mount_options = s(&["nodev", bad]);
+        let e = fx.err();
+        assert_eq!(e.class(), ErrorClass::InvalidArgument, "{bad:?}");
+        assert_eq!(e.field(), "config.mounts[1].mount_options[1]", "{bad:?}");
+        assert!(e.to_string().contains("noexec"), "{e}");
+    }
+    // A long option is quoted only in part.
+    fx.config.mounts[1].mount_options = vec!["x".repeat(100_000)];
+    assert!(fx.err().to_string().len() < 1024);
 }
 
 #[test]

@@ -385,23 +385,11 @@ impl Containers {
     ) -> Result<Vec<ImageVolume>, ContainerError> {
         let mut out = Vec::new();
         for (index, m) in config.mounts.iter().enumerate() {
-            let Some(reference) = m.image.as_ref().map(|i| i.image.as_str()) else {
+            let Some(spec) = m.image.as_ref().filter(|i| !i.image.is_empty()) else {
                 continue;
             };
-            if reference.is_empty() {
-                continue;
-            }
             let field = format!("config.mounts[{index}].image");
-            let image = self
-                .images
-                .resolve(reference)
-                .map_err(|e| ContainerError::InvalidArgument(format!("{field}: {e}")))?
-                .ok_or_else(|| {
-                    ContainerError::NotFound(format!(
-                        "{field}: image {} not found (pull it first)",
-                        quote(reference)
-                    ))
-                })?;
+            let image = self.image_volume_image(&field, spec)?;
             let lowers = self
                 .images
                 .lease_volume(&rec.id, index, &image.id)
@@ -414,6 +402,45 @@ impl Containers {
             });
         }
         Ok(out)
+    }
+
+    /// The image an image volume's `spec` (`field`) names. `image_ref`, a
+    /// digest (containers::validate), pins it: the image it names is
+    /// mounted, or none; `image` must not name another one.
+    fn image_volume_image(
+        &self,
+        field: &str,
+        spec: &crust_api::v1::ImageSpec,
+    ) -> Result<ImageFacts, ContainerError> {
+        let resolve = |field: String, reference: &str| {
+            self.images
+                .resolve(reference)
+                .map_err(|e| ContainerError::InvalidArgument(format!("{field}: {e}")))?
+                .ok_or_else(|| {
+                    ContainerError::NotFound(format!(
+                        "{field}: image {} not found (pull it first)",
+                        quote(reference)
+                    ))
+                })
+        };
+        if spec.image_ref.is_empty() {
+            return resolve(field.to_string(), &spec.image);
+        }
+        let pinned = resolve(format!("{field}.image_ref"), &spec.image_ref)?;
+        // `image` may be gone (a tag moved on, the image re-pulled under
+        // another ID) while the pinned content is here: that is mounted.
+        if let Ok(named) = resolve(field.to_string(), &spec.image)
+            && named.id != pinned.id
+        {
+            return Err(ContainerError::InvalidArgument(format!(
+                "{field}.image_ref: {} is image {}, but {field}.image {} is image {}",
+                quote(&spec.image_ref),
+                pinned.id,
+                quote(&spec.image),
+                named.id
+            )));
+        }
+        Ok(pinned)
     }
 
     /// A new container's `unified` keys name only files of controllers

@@ -56,6 +56,22 @@ fn check_image_volumes(config: &ContainerConfig) -> Result<(), ContainerError> {
         let sub = &m.image_sub_path;
         let bad =
             |field: &str, why: &str| Err(invalid(format!("config.mounts[{i}].{field}: {why}")));
+        let image_ref = m.image.as_ref().map_or("", |img| img.image_ref.as_str());
+        if !image_ref.is_empty() {
+            if !image {
+                return bad("image.image", "required with image.image_ref");
+            }
+            if !is_digest_ref(image_ref) {
+                return bad(
+                    "image.image_ref",
+                    &format!(
+                        "{} is not an image digest (sha256:<64 hex digits>, or \
+                         <name>@sha256:<64 hex digits>)",
+                        quote(image_ref)
+                    ),
+                );
+            }
+        }
         if !image {
             if !sub.is_empty() {
                 return bad("image_sub_path", "needs an image volume (image)");
@@ -85,6 +101,20 @@ fn check_image_volumes(config: &ContainerConfig) -> Result<(), ContainerError> {
         }
     }
     Ok(())
+}
+
+/// `ImageSpec.image_ref` of an image volume pins its content, so only a
+/// digest is taken: an image ID (`sha256:<hex>`) or a digest reference
+/// (`<name>@sha256:<hex>`), never a tag or an ID prefix.
+fn is_digest_ref(r: &str) -> bool {
+    let digest = match r.rsplit_once('@') {
+        Some((name, d)) if !name.is_empty() => d,
+        Some(_) => return false,
+        None => r,
+    };
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
 }
 
 /// The mounts to id-map (`mounts[i].uidMappings`/`gidMappings`, which
@@ -282,6 +312,51 @@ mod tests {
             field_of(with(m).unwrap_err()),
             "config.mounts[1].image_sub_path"
         );
+    }
+
+    /// `image.image_ref` pins an image volume to a digest: with `image`,
+    /// and only a digest.
+    #[test]
+    fn image_volume_refs_are_digests() {
+        use crust_api::v1::Mount;
+        let hex = "0123456789abcdef".repeat(4);
+        let with = |image: &str, image_ref: &str| {
+            let mut c = config("web", "").unwrap();
+            c.mounts = vec![Mount {
+                container_path: "/vol".into(),
+                image: Some(ImageSpec {
+                    image: image.into(),
+                    image_ref: image_ref.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }];
+            checked_config(Some(c))
+        };
+        for ok in [
+            format!("sha256:{hex}"),
+            format!("registry.local/artifact@sha256:{hex}"),
+            String::new(),
+        ] {
+            assert!(with("registry.local/artifact:1", &ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "registry.local/artifact:1".to_string(),
+            format!("sha256:{}", &hex[..12]),
+            hex.clone(),
+            format!("sha256:{}", hex.to_uppercase()),
+            format!("@sha256:{hex}"),
+            format!("sha512:{hex}{hex}"),
+            format!("a@sha256:{hex}0"),
+            "x".repeat(10_000),
+        ] {
+            let e = with("registry.local/artifact:1", &bad).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.len() < 1024, "{msg}");
+            assert_eq!(field_of(e), "config.mounts[0].image.image_ref", "{bad:?}");
+        }
+        let e = with("", &format!("sha256:{hex}")).unwrap_err();
+        assert_eq!(field_of(e), "config.mounts[0].image.image");
     }
 
     #[test]

@@ -496,7 +496,7 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
         loopback_up: true,
         userns: spec.userns.clone(),
     };
-    if opts.net || opts.ipc || opts.uts {
+    if opts.net || opts.ipc || opts.uts || opts.userns.is_some() {
         host.pin_namespaces(&rec.ns_dir, &opts)?;
         crash::point("pod.run.pinned");
     }

@@ -42,11 +42,13 @@ pub struct DnsSpec {
 
 /// `userns_options`: NODE, or POD with exactly one uid and one gid mapping
 /// of the same length that map container ID 0 (what kubelet sends and the
-/// CRI allows), in a
-/// pod with its own network, IPC and PID namespaces.
+/// CRI allows), in a pod with its own IPC and PID namespaces. The node's
+/// network is allowed (kubelet's UserNamespacesHostNetworkSupport): the
+/// pod's user namespace then owns its IPC namespace only, and containers
+/// get the node's /sys by bind mount (crates/oci), since a user namespace
+/// cannot mount sysfs for a network namespace it does not own.
 fn user_namespace(
     u: &crust_api::v1::UserNamespace,
-    host_network: bool,
     host_ipc: bool,
     host_pid: bool,
 ) -> Result<Option<ns::UserNsMappings>, PodError> {
@@ -64,11 +66,7 @@ fn user_namespace(
             ));
         }
     }
-    for (name, host) in [
-        ("network", host_network),
-        ("ipc", host_ipc),
-        ("pid", host_pid),
-    ] {
+    for (name, host) in [("ipc", host_ipc), ("pid", host_pid)] {
         if host {
             return Err(PodError::invalid(
                 &format!("{F}.mode"),
@@ -236,7 +234,7 @@ impl PodSpec {
             }
         };
         let userns = match &ns_opts.userns_options {
-            Some(u) => user_namespace(u, host_network, host_ipc, host_pid)?,
+            Some(u) => user_namespace(u, host_ipc, host_pid)?,
             None => None,
         };
 
@@ -662,9 +660,20 @@ mod tests {
         for mode in [NamespaceMode::Container, NamespaceMode::Target] {
             assert_eq!(field(userns(mode, vec![], vec![])), format!("{F}.mode"));
         }
+        // The node's network is allowed with a user namespace; its IPC and
+        // PID namespaces are not.
         let mut host_net = userns(NamespaceMode::Pod, good.clone(), good.clone());
         ns_opts(host_net.config.as_mut().unwrap()).network = NamespaceMode::Node as i32;
-        assert_eq!(field(host_net), format!("{F}.mode"));
+        let spec = PodSpec::from_request(host_net).unwrap();
+        assert!(spec.host_network && spec.userns.is_some());
+        for host in [
+            |o: &mut crust_api::v1::NamespaceOption| o.ipc = NamespaceMode::Node as i32,
+            |o: &mut crust_api::v1::NamespaceOption| o.pid = NamespaceMode::Node as i32,
+        ] {
+            let mut req = userns(NamespaceMode::Pod, good.clone(), good.clone());
+            host(ns_opts(req.config.as_mut().unwrap()));
+            assert_eq!(field(req), format!("{F}.mode"));
+        }
         let node = PodSpec::from_request(userns(NamespaceMode::Node, vec![], vec![])).unwrap();
         assert_eq!(node.userns, None);
     }

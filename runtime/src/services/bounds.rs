@@ -62,6 +62,10 @@ pub const MAX_ARGS: usize = 16 << 10;
 /// pods seven thousand service-link variables).
 pub const MAX_ENVS: usize = 16 << 10;
 pub const MAX_MOUNTS: usize = 1024;
+/// A mount's `mount_options` (KEP-5855 allows three, each a few bytes;
+/// repeats are harmless, so some room).
+pub const MAX_MOUNT_OPTIONS: usize = 32;
+pub const MAX_MOUNT_OPTION: usize = 64;
 pub const MAX_DEVICES: usize = 1024;
 /// uid_map / gid_map take at most 340 lines.
 pub const MAX_ID_MAPPINGS: usize = 340;
@@ -607,6 +611,12 @@ pub fn create_container(req: &CreateContainerRequest) -> Result<(), Status> {
         text(&format!("{f}.container_path"), &m.container_path, MAX_PATH)?;
         text(&format!("{f}.host_path"), &m.host_path, MAX_PATH)?;
         text(&format!("{f}.image_sub_path"), &m.image_sub_path, MAX_PATH)?;
+        strings(
+            &format!("{f}.mount_options"),
+            &m.mount_options,
+            MAX_MOUNT_OPTIONS,
+            MAX_MOUNT_OPTION,
+        )?;
         id_mappings(&format!("{f}.uidMappings"), &m.uid_mappings)?;
         id_mappings(&format!("{f}.gidMappings"), &m.gid_mappings)?;
         if let Some(image) = &m.image {
@@ -925,6 +935,7 @@ mod tests {
                                     .map(|(c, h)| Mount {
                                         container_path: c.clone(),
                                         host_path: h.clone(),
+                                        mount_options: vec![h.clone(), c.clone()],
                                         ..Default::default()
                                     })
                                     .collect(),

@@ -61,7 +61,14 @@ impl RuntimeService for Cri {
                 // supplemental_groups_policy (Merge or Strict) and
                 // ContainerStatus.user reports the result.
                 supplemental_groups_policy: true,
-                user_namespaces_host_network: false,
+                // A user namespace pod may use the node's network (its
+                // containers bind the node's /sys, crates/oci mounts.rs)
+                // wherever user namespaces work at all.
+                user_namespaces_host_network: self.user_namespaces_anywhere(),
+                // Mount.mount_options (nosuid, nodev, noexec) go onto the
+                // bind mount for every handler (crates/oci mounts.rs);
+                // anything else is refused, never ignored.
+                mount_options: true,
             }),
         }))
     }
@@ -382,6 +389,15 @@ impl RuntimeService for Cri {
 }
 
 impl Cri {
+    /// Whether any handler runs user namespace pods (the kernel's support,
+    /// the same for every handler: see `handlers::HandlerFeatures`).
+    fn user_namespaces_anywhere(&self) -> bool {
+        let handlers = &self.daemon.handlers;
+        handlers
+            .names()
+            .any(|name| handlers.features(name).user_namespaces)
+    }
+
     /// Status's runtime handlers with their features.
     pub(super) fn runtime_handlers(&self) -> Vec<RuntimeHandler> {
         let handlers = &self.daemon.handlers;
