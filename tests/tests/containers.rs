@@ -11,8 +11,9 @@ use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::{
-    Daemon, Pod, TestNetwork, WithImage, container_config, container_status, create_container,
-    daemon_with_image, exec_sync, mounts_under, pod_metadata, pull_image, run_container, run_pod,
+    Daemon, DaemonBuilder, Need, Pod, TestNetwork, WithImage, container_config, container_status,
+    create_container, daemon_with_image, exec_sync, mounts_under, pod_metadata, pull_image,
+    require, run_container, run_pod,
 };
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -49,11 +50,15 @@ struct Env {
 }
 
 async fn env() -> Env {
+    env_with(Daemon::builder()).await
+}
+
+async fn env_with(builder: DaemonBuilder) -> Env {
     let WithImage {
         daemon: d,
         registry: reg,
         image,
-    } = daemon_with_image(Daemon::builder(), "test/ctr", &test_image()).await;
+    } = daemon_with_image(builder, "test/ctr", &test_image()).await;
     let net = TestNetwork::install(&d, &[]);
     let rt = d.runtime_v1().await;
     Env {
@@ -1418,5 +1423,61 @@ async fn containers_report_the_users_image_name_and_its_repo_digest() {
     for (id, r) in all.iter().chain([&(by_kubelet2.as_str(), &kubelet2)]) {
         r.check_status(&status_in(&ev, id), "stopped event after the restart");
     }
+    drop(e.net);
+}
+
+/// The node e2e suite's RuntimeClass specs run pods with the handler
+/// `test-handler` (runc in containerd's node e2e config): with
+/// contrib/node-e2e/runtimes.toml in its config, the daemon lists it in
+/// Status and runs a pod and its containers with it, through runc.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_node_e2e_test_handler_runs_pods_with_runc() {
+    require!(Need::Runc);
+    let config = include_str!("../../contrib/node-e2e/runtimes.toml");
+    let mut e = env_with(Daemon::builder().config(config)).await;
+    let status =
+        e.rt.status(v1::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner();
+    let handler = |name: &str| {
+        status
+            .runtime_handlers
+            .iter()
+            .find(|h| h.name == name)
+            .cloned()
+    };
+    let test_handler = handler("test-handler").unwrap_or_else(|| panic!("{status:?}"));
+    // runc's features, and the built-in handlers stay.
+    assert_eq!(test_handler.features, handler("runc").unwrap().features);
+    for name in ["", "embedded", "runc"] {
+        assert!(handler(name).is_some(), "{name:?}: {status:?}");
+    }
+
+    let pod = e.pod("rtclass", "test-handler").await;
+    let st =
+        e.rt.pod_sandbox_status(v1::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.0.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(st.runtime_handler, "test-handler");
+    let id = e.run(&pod, e.container("app")).await;
+    let (code, out, err) = e.exec(&id, &["echo", "hello"]).await;
+    assert_eq!((code, out.as_str()), (0, "hello\n"), "{err}");
+    let (st, _) = e.status(&id).await;
+    assert_eq!(st.state, v1::ContainerState::ContainerRunning as i32);
+    assert_eq!(st.image.unwrap().runtime_handler, "test-handler");
+    // runc keeps the container's state under the handler's own root.
+    let state =
+        e.d.run_dir
+            .join("runtimes/test-handler")
+            .join(&id)
+            .join("state.json");
+    assert!(state.exists(), "{} is missing", state.display());
     drop(e.net);
 }
