@@ -13,6 +13,12 @@ pub struct ImageFacts {
     /// `sha256:...`
     pub id: String,
     pub config: crust_oci::ImageConfig,
+    /// Its `name:tag` references now.
+    pub repo_tags: Vec<String>,
+    /// Its `name@sha256:<manifest digest>` references now.
+    pub repo_digests: Vec<String>,
+    /// The reference named it by ID or ID prefix, not by a name.
+    pub by_id: bool,
 }
 
 #[async_trait::async_trait]
@@ -49,10 +55,16 @@ pub trait ContainerImages: Send + Sync {
 #[async_trait::async_trait]
 impl ContainerImages for ImageService {
     fn resolve(&self, reference: &str) -> Result<Option<ImageFacts>, crust_image::Error> {
-        Ok(self.get(reference)?.map(|image| ImageFacts {
-            config: oci_image_config(&image.config),
-            id: image.id,
-        }))
+        let images = self.list()?;
+        Ok(
+            crust_image::index::find(&images, reference)?.map(|(image, how)| ImageFacts {
+                config: oci_image_config(&image.config),
+                id: image.id.clone(),
+                repo_tags: image.repo_tags.clone(),
+                repo_digests: image.repo_digests.clone(),
+                by_id: how == crust_image::index::Match::Id,
+            }),
+        )
     }
 
     async fn lease(

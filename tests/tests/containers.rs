@@ -11,8 +11,9 @@ use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::{
-    Daemon, Pod, TestNetwork, WithImage, container_config, container_status, create_container,
-    daemon_with_image, exec_sync, mounts_under, pod_metadata, run_container, run_pod,
+    Daemon, DaemonBuilder, Need, Pod, TestNetwork, WithImage, container_config, container_status,
+    create_container, daemon_with_image, exec_sync, mounts_under, pod_metadata, pull_image,
+    require, run_container, run_pod,
 };
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -42,25 +43,29 @@ struct Env {
     // Field order = drop order: pods (and their containers) go first.
     net: TestNetwork,
     d: Daemon,
-    _reg: Registry,
+    reg: Registry,
     image: String,
     rt: Rt,
     logs: tempfile::TempDir,
 }
 
 async fn env() -> Env {
+    env_with(Daemon::builder()).await
+}
+
+async fn env_with(builder: DaemonBuilder) -> Env {
     let WithImage {
         daemon: d,
         registry: reg,
         image,
-    } = daemon_with_image(Daemon::builder(), "test/ctr", &test_image()).await;
+    } = daemon_with_image(builder, "test/ctr", &test_image()).await;
     let net = TestNetwork::install(&d, &[]);
     let rt = d.runtime_v1().await;
     Env {
         net,
         rt,
         d,
-        _reg: reg,
+        reg,
         image,
         logs: tempfile::tempdir().unwrap(),
     }
@@ -1191,4 +1196,288 @@ async fn two_containers_in_one_pod_embedded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_containers_in_one_pod_runc() {
     two_containers_in_one_pod("runc").await;
+}
+
+/// What a container must report of its image: the name the user gave, the
+/// repo digest of the image it runs, the image ID.
+#[derive(Debug, Clone, PartialEq)]
+struct ImageReport {
+    name: String,
+    image_ref: String,
+    image_id: String,
+}
+
+impl ImageReport {
+    fn check_status(&self, st: &v1::ContainerStatus, what: &str) {
+        let spec = st.image.clone().unwrap_or_default();
+        let got = ImageReport {
+            name: spec.image.clone(),
+            image_ref: st.image_ref.clone(),
+            image_id: st.image_id.clone(),
+        };
+        assert_eq!(&got, self, "{what}: ContainerStatus {st:?}");
+        assert_eq!(spec.user_specified_image, self.name, "{what}: {st:?}");
+        assert_eq!(spec.image_ref, self.image_ref, "{what}: {st:?}");
+    }
+
+    fn check_listed(&self, c: &v1::Container, what: &str) {
+        let spec = c.image.clone().unwrap_or_default();
+        let got = ImageReport {
+            name: spec.image.clone(),
+            image_ref: c.image_ref.clone(),
+            image_id: c.image_id.clone(),
+        };
+        assert_eq!(&got, self, "{what}: ListContainers {c:?}");
+        assert_eq!(spec.user_specified_image, self.name, "{what}: {c:?}");
+    }
+}
+
+impl Env {
+    /// ContainerStatus and ListContainers of each container report what
+    /// `want` says (and v1alpha2's ListContainers the ID as image_ref).
+    async fn check_images(&mut self, want: &[(&str, &ImageReport)], when: &str) {
+        let listed = self
+            .rt
+            .list_containers(v1::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+        let old = self
+            .d
+            .runtime_v1alpha2()
+            .await
+            .list_containers(
+                crust_test_support::crust_api::v1alpha2::ListContainersRequest::default(),
+            )
+            .await
+            .unwrap()
+            .into_inner()
+            .containers;
+        for (id, report) in want {
+            let (st, _) = self.status(id).await;
+            report.check_status(&st, when);
+            let c = listed.iter().find(|c| c.id == *id).expect("listed");
+            report.check_listed(c, when);
+            let c = old.iter().find(|c| c.id == *id).expect("listed (v1alpha2)");
+            assert_eq!(c.image_ref, report.image_id, "{when}: v1alpha2 {c:?}");
+        }
+    }
+
+    async fn events(&self) -> crust_test_support::tonic::Streaming<v1::ContainerEventResponse> {
+        self.d
+            .runtime_v1()
+            .await
+            .get_container_events(v1::GetEventsRequest {})
+            .await
+            .expect("GetContainerEvents")
+            .into_inner()
+    }
+}
+
+/// The next event of `kind` about container `id`.
+async fn event_of(
+    s: &mut crust_test_support::tonic::Streaming<v1::ContainerEventResponse>,
+    kind: v1::ContainerEventType,
+    id: &str,
+) -> v1::ContainerEventResponse {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("no {kind:?} event of {id} in time"))
+            .expect("event stream broke")
+            .expect("event stream ended");
+        if ev.container_id == id && ev.container_event_type == kind as i32 {
+            return ev;
+        }
+    }
+}
+
+/// The status of container `id` in an event.
+fn status_in(ev: &v1::ContainerEventResponse, id: &str) -> v1::ContainerStatus {
+    ev.containers_statuses
+        .iter()
+        .find(|s| s.id == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no status of {id} in {ev:?}"))
+}
+
+/// kubelet creates a container with the image ID in `image` and the pod's
+/// image in `user_specified_image`, and shows ContainerStatus.image.image
+/// as the pod's `containerStatuses[].image` and image_ref as its
+/// `imageID`: the container reports the name the user gave, the repo digest
+/// of the image it runs and the image ID, in ContainerStatus, ListContainers
+/// and events; after a daemon restart; and after the tag moved on to
+/// another image, which new containers then report.
+#[tokio::test(flavor = "multi_thread")]
+async fn containers_report_the_users_image_name_and_its_repo_digest() {
+    let mut e = env().await;
+    let host = e.reg.host.clone();
+    let first = test_image();
+    let id1 = first.id();
+    let digest1 = format!("{host}/test/ctr@{}", first.manifest_digest());
+    // The same image from a second repository: its repo digests are
+    // test/ctr's, then other/ctr's.
+    let other = format!("{host}/other/ctr:v1");
+    let other_digest1 = format!("{host}/other/ctr@{}", first.manifest_digest());
+    Pusher::new(&e.reg).image("other/ctr", "v1", &first).await;
+    assert_eq!(pull_image(&mut e.d.image_v1().await, &other).await, id1);
+    let pulled = e.image.clone();
+    let mut events = e.events().await;
+    let pod = e.pod("images", "").await;
+
+    let kubelet_config = |name: &str, image_id: &str, user: &str| {
+        let mut c = container_config(name, image_id);
+        c.image.as_mut().unwrap().user_specified_image = user.into();
+        c
+    };
+    // kubelet: the ID, and the pod's image as written.
+    let by_kubelet = e.run(&pod, kubelet_config("kubelet", &id1, &pulled)).await;
+    let kubelet1 = ImageReport {
+        name: pulled.clone(),
+        image_ref: digest1.clone(),
+        image_id: id1.clone(),
+    };
+    // Of the image's repo digests, the one of the repository the user named.
+    let from_other = e.run(&pod, kubelet_config("other", &id1, &other)).await;
+    let other1 = ImageReport {
+        name: other.clone(),
+        image_ref: other_digest1,
+        image_id: id1.clone(),
+    };
+    // crictl: a name in `image`, no user_specified_image.
+    let by_crictl = e.run(&pod, e.container("crictl")).await;
+    // An older kubelet: the ID alone; the image's first tag, as containerd
+    // and CRI-O report it.
+    let by_id = e.run(&pod, kubelet_config("by-id", &id1, "")).await;
+    let all = [
+        (by_kubelet.as_str(), &kubelet1),
+        (from_other.as_str(), &other1),
+        (by_crictl.as_str(), &kubelet1),
+        (by_id.as_str(), &kubelet1),
+    ];
+    e.check_images(&all, "created").await;
+    // The spec's image-name annotation names it as the user did (containerd).
+    let (_, info) = e.status(&by_kubelet).await;
+    let v: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
+    assert_eq!(
+        v["runtimeSpec"]["annotations"]["io.kubernetes.cri.image-name"],
+        pulled.as_str(),
+        "{v}"
+    );
+    for (id, report) in all {
+        let ev = event_of(
+            &mut events,
+            v1::ContainerEventType::ContainerStartedEvent,
+            id,
+        )
+        .await;
+        report.check_status(&status_in(&ev, id), "started event");
+    }
+    drop(events);
+
+    e.d.restart().await;
+    e.rt = e.d.runtime_v1().await;
+    e.check_images(&all, "after a restart").await;
+
+    // The tag moves on to another image: the containers keep the name
+    // they were given and the digest of the image they run.
+    let second = build(ImageSpec {
+        layers: first.layers.clone(),
+        cmd: &["sleep", "2000"],
+        ..ImageSpec::default()
+    });
+    let id2 = second.id();
+    assert_ne!(id2, id1);
+    let digest2 = format!("{host}/test/ctr@{}", second.manifest_digest());
+    Pusher::new(&e.reg).image("test/ctr", "v1", &second).await;
+    assert_eq!(pull_image(&mut e.d.image_v1().await, &pulled).await, id2);
+    e.check_images(&all, "after the tag moved").await;
+    let by_kubelet2 = e
+        .run(&pod, kubelet_config("kubelet-2", &id2, &pulled))
+        .await;
+    let kubelet2 = ImageReport {
+        name: pulled.clone(),
+        image_ref: digest2,
+        image_id: id2,
+    };
+    e.check_images(&[(by_kubelet2.as_str(), &kubelet2)], "the new image")
+        .await;
+
+    // Events after the restart say the same.
+    let mut events = e.events().await;
+    e.rt.stop_container(v1::StopContainerRequest {
+        container_id: by_kubelet.clone(),
+        timeout: 0,
+    })
+    .await
+    .unwrap();
+    let ev = event_of(
+        &mut events,
+        v1::ContainerEventType::ContainerStoppedEvent,
+        &by_kubelet,
+    )
+    .await;
+    for (id, r) in all.iter().chain([&(by_kubelet2.as_str(), &kubelet2)]) {
+        r.check_status(&status_in(&ev, id), "stopped event after the restart");
+    }
+    drop(e.net);
+}
+
+/// The node e2e suite's RuntimeClass specs run pods with the handler
+/// `test-handler` (runc in containerd's node e2e config): with
+/// contrib/node-e2e/runtimes.toml in its config, the daemon lists it in
+/// Status and runs a pod and its containers with it, through runc.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_node_e2e_test_handler_runs_pods_with_runc() {
+    require!(Need::Runc);
+    let config = include_str!("../../contrib/node-e2e/runtimes.toml");
+    let mut e = env_with(Daemon::builder().config(config)).await;
+    let status =
+        e.rt.status(v1::StatusRequest { verbose: false })
+            .await
+            .unwrap()
+            .into_inner();
+    let handler = |name: &str| {
+        status
+            .runtime_handlers
+            .iter()
+            .find(|h| h.name == name)
+            .cloned()
+    };
+    let test_handler = handler("test-handler").unwrap_or_else(|| panic!("{status:?}"));
+    // runc's features, and the built-in handlers stay.
+    assert_eq!(test_handler.features, handler("runc").unwrap().features);
+    for name in ["", "embedded", "runc"] {
+        assert!(handler(name).is_some(), "{name:?}: {status:?}");
+    }
+
+    let pod = e.pod("rtclass", "test-handler").await;
+    let st =
+        e.rt.pod_sandbox_status(v1::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.0.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(st.runtime_handler, "test-handler");
+    let id = e.run(&pod, e.container("app")).await;
+    let (code, out, err) = e.exec(&id, &["echo", "hello"]).await;
+    assert_eq!((code, out.as_str()), (0, "hello\n"), "{err}");
+    let (st, _) = e.status(&id).await;
+    assert_eq!(st.state, v1::ContainerState::ContainerRunning as i32);
+    assert_eq!(st.image.unwrap().runtime_handler, "test-handler");
+    // runc keeps the container's state under the handler's own root.
+    let state =
+        e.d.run_dir
+            .join("runtimes/test-handler")
+            .join(&id)
+            .join("state.json");
+    assert!(state.exists(), "{} is missing", state.display());
+    drop(e.net);
 }

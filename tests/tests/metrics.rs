@@ -31,6 +31,8 @@ struct Env {
     _d: Daemon,
     _reg: Registry,
     image: String,
+    /// The image's ID, which kubelet puts in CreateContainer's image.
+    image_id: String,
     rt: Rt,
 }
 
@@ -40,6 +42,7 @@ async fn env() -> Env {
         registry: reg,
         image,
     } = daemon_with_image(Daemon::builder(), "test/metrics", &test_image()).await;
+    let image_id = test_image().id();
     let net = TestNetwork::install(&d, &[]);
     let rt = d.runtime_v1().await;
     Env {
@@ -48,6 +51,7 @@ async fn env() -> Env {
         _d: d,
         _reg: reg,
         image,
+        image_id,
     }
 }
 
@@ -77,10 +81,16 @@ impl Env {
         name: &str,
         cmd: &[&str],
     ) -> String {
+        // As kubelet asks: the ID, and the pod's image as written.
         let config = v1::ContainerConfig {
             command: cmd.iter().map(|s| s.to_string()).collect(),
             log_path: String::new(),
             linux: Some(v1::LinuxContainerConfig::default()),
+            image: Some(v1::ImageSpec {
+                image: self.image_id.clone(),
+                user_specified_image: self.image.clone(),
+                ..Default::default()
+            }),
             ..container_config(name, &self.image)
         };
         run_container(&mut self.rt, pod, config).await

@@ -111,8 +111,16 @@ impl Containers {
             exit_code: 0,
             reason: String::new(),
             message: String::new(),
+            reported_image: Some(super::image_names::reported(
+                &image_name,
+                config
+                    .image
+                    .as_ref()
+                    .map_or("", |i| i.user_specified_image.as_str()),
+                &image,
+            )),
             image: image_name,
-            image_ref: image.id.clone(),
+            image_id: image.id.clone(),
             labels: config.labels.clone().into_iter().collect(),
             annotations: config.annotations.clone().into_iter().collect(),
             log_path,
@@ -276,11 +284,12 @@ impl Containers {
                 };
                 let passwd = host.read_rootfs_file(&r.rootfs, "etc/passwd")?;
                 let group = host.read_rootfs_file(&r.rootfs, "etc/group")?;
+                let image_name = r.reported_image().name;
                 let parts = Parts {
                     id: &r.id,
                     config: &config,
                     pod: &pod,
-                    image_name: &r.image,
+                    image_name: &image_name,
                     image: &image,
                     rootfs: &r.rootfs,
                     etc_passwd: passwd.as_deref(),

@@ -18,11 +18,13 @@
 //! - `validate`: checks of the request; `spec`: the OCI spec of a new
 //!   container and the resources of an update;
 //! - `host`: the node effects ([`ContainerHost`], [`RealContainerHost`]);
-//! - `record`: what is stored.
+//! - `record`: what is stored; `image_names`: what a container reports of
+//!   its image.
 
 mod cdi;
 mod error;
 pub mod host;
+mod image_names;
 mod lifecycle;
 mod record;
 mod recovery;

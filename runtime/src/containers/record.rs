@@ -9,6 +9,8 @@ use crust_store::{Kind, Record};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use super::image_names::ReportedImage;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ContainerState {
@@ -49,10 +51,16 @@ pub struct ContainerRecord {
     pub exit_code: i32,
     pub reason: String,
     pub message: String,
-    /// The image as the request named it.
+    /// The image as the request named it (kubelet: the image ID).
     pub image: String,
-    /// The image ID (`sha256:...`).
-    pub image_ref: String,
+    /// The image ID (`sha256:...`). Stored as `image_ref`, its name in
+    /// records of older daemons.
+    #[serde(rename = "image_ref")]
+    pub image_id: String,
+    /// The name and repo digest its status reports; None in records of
+    /// older daemons (see [`ContainerRecord::reported_image`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_image: Option<ReportedImage>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     /// The CRI log file (pod log dir + config.log_path).
@@ -133,6 +141,33 @@ impl ContainerRecord {
             .ok()
             .and_then(|b| ContainerConfig::decode(b.as_slice()).ok())
             .unwrap_or_default()
+    }
+
+    /// What its status reports of its image. Records of older daemons did
+    /// not keep it: they report the name the user gave (or the request's
+    /// image) and the ID as image_ref, as those daemons did.
+    pub fn reported_image(&self) -> ReportedImage {
+        if let Some(r) = &self.reported_image {
+            return r.clone();
+        }
+        let user_specified = self
+            .image_request
+            .as_ref()
+            .map(|r| r.user_specified_image.clone())
+            .unwrap_or_else(|| {
+                self.config()
+                    .image
+                    .map(|i| i.user_specified_image)
+                    .unwrap_or_default()
+            });
+        ReportedImage {
+            name: if user_specified.is_empty() {
+                self.image.clone()
+            } else {
+                user_specified
+            },
+            image_ref: self.image_id.clone(),
+        }
     }
 
     /// The current resources (as created or last updated).

@@ -39,7 +39,7 @@ async fn a_container_walks_created_running_exited_removed() {
     let rec = rig.containers.get(&id).unwrap();
     assert_eq!(rec.state, ContainerState::Created);
     assert_eq!(
-        (rec.pod_id.as_str(), rec.image_ref.as_str()),
+        (rec.pod_id.as_str(), rec.image_id.as_str()),
         (pod.as_str(), IMAGE_ID)
     );
     assert!(rec.pid > 0, "the init's pid comes from the launch");
@@ -737,4 +737,38 @@ async fn leases_of_containers_the_daemon_does_not_know_are_released_at_start() {
         leases.contains_key(&id),
         "a known container keeps its lease"
     );
+}
+
+/// The record keeps what the container reports of its image; records of
+/// older daemons (no `reported_image`, the ID under `image_ref`) still load
+/// and report what those daemons reported.
+#[tokio::test]
+async fn the_reported_image_is_stored_and_old_records_fall_back() {
+    let rig = Rig::new().await;
+    let pod = rig.run_pod("web").await.unwrap();
+    let config = container_config("app", |c| {
+        c.image.as_mut().unwrap().user_specified_image = "example.com/app:1".into();
+    });
+    let id = rig
+        .lifecycle
+        .create_container(&pod, Some(config))
+        .await
+        .unwrap();
+    let stored: Vec<ContainerRecord> = rig.stored();
+    let rec = stored.into_iter().find(|r| r.id == id).unwrap();
+    let reported = rec.reported_image.clone().expect("stored at creation");
+    assert_eq!(reported.name, "example.com/app:1");
+    // The fake image has no repo digest: the ID.
+    assert_eq!(reported.image_ref, IMAGE_ID);
+
+    let mut json = serde_json::to_value(&rec).unwrap();
+    assert_eq!(json["image_ref"], IMAGE_ID, "the ID keeps its stored name");
+    json.as_object_mut().unwrap().remove("reported_image");
+    let old: ContainerRecord = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(old.reported_image, None);
+    assert_eq!(old.reported_image(), reported);
+    // Older still: no image_request either (the config is decoded).
+    json.as_object_mut().unwrap().remove("image_request");
+    let older: ContainerRecord = serde_json::from_value(json).unwrap();
+    assert_eq!(older.reported_image(), reported);
 }

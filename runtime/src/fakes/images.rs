@@ -35,6 +35,9 @@ impl FakeImages {
                     cmd: vec!["sleep".into(), "3600".into()],
                     ..Default::default()
                 },
+                repo_tags: vec![],
+                repo_digests: vec![],
+                by_id: false,
             },
         );
     }

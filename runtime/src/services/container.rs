@@ -7,6 +7,7 @@ use crust_api::v1::*;
 use tonic::{Request, Response, Status};
 
 use super::{Cri, bounds, container_error, detached, map};
+use crate::api_version::ApiVersion;
 use crate::containers::{ContainerRecord, ContainerState as CState, ImageRequest};
 
 fn state_of(s: CState) -> ContainerState {
@@ -24,26 +25,28 @@ pub(super) fn metadata(rec: &ContainerRecord) -> ContainerMetadata {
     }
 }
 
+/// The container's image as kubelet and users expect it: the name the
+/// user gave (kubelet shows `image.image` as the pod's
+/// `containerStatuses[].image`), its repo digest as `image_ref` (see
+/// `containers::image_names`).
 fn image_spec(rec: &ContainerRecord) -> ImageSpec {
-    let req = rec
-        .image_request
-        .clone()
-        .unwrap_or_else(|| ImageRequest::from(rec.config().image));
+    let annotations = match &rec.image_request {
+        Some(r) => r.annotations.clone(),
+        None => ImageRequest::from(rec.config().image).annotations,
+    };
+    let reported = rec.reported_image();
     ImageSpec {
-        image: rec.image.clone(),
-        annotations: req.annotations.into_iter().collect(),
-        user_specified_image: if req.user_specified_image.is_empty() {
-            rec.image.clone()
-        } else {
-            req.user_specified_image
-        },
+        image: reported.name.clone(),
+        annotations: annotations.into_iter().collect(),
+        user_specified_image: reported.name,
         runtime_handler: rec.handler.clone(),
-        image_ref: rec.image_ref.clone(),
+        image_ref: reported.image_ref,
     }
 }
 
 pub fn container_status(rec: &ContainerRecord) -> ContainerStatus {
     let config = rec.config();
+    let image = image_spec(rec);
     ContainerStatus {
         id: rec.id.clone(),
         metadata: Some(metadata(rec)),
@@ -52,8 +55,8 @@ pub fn container_status(rec: &ContainerRecord) -> ContainerStatus {
         started_at: rec.started_at,
         finished_at: rec.finished_at,
         exit_code: rec.exit_code,
-        image: Some(image_spec(rec)),
-        image_ref: rec.image_ref.clone(),
+        image_ref: image.image_ref.clone(),
+        image: Some(image),
         reason: rec.reason.clone(),
         message: rec.message.clone(),
         labels: map(&rec.labels),
@@ -68,7 +71,7 @@ pub fn container_status(rec: &ContainerRecord) -> ContainerStatus {
             linux: Some(r),
             windows: None,
         }),
-        image_id: rec.image_ref.clone(),
+        image_id: rec.image_id.clone(),
         user: rec.user.as_ref().map(|(uid, gid, groups)| ContainerUser {
             linux: Some(LinuxContainerUser {
                 uid: i64::from(*uid),
@@ -104,18 +107,25 @@ fn mounts(rec: &ContainerRecord, mut mounts: Vec<Mount>) -> Vec<Mount> {
     mounts
 }
 
-fn list_item(rec: &ContainerRecord) -> Container {
+fn list_item(rec: &ContainerRecord, api: ApiVersion) -> Container {
+    let image = image_spec(rec);
     Container {
         id: rec.id.clone(),
         pod_sandbox_id: rec.pod_id.clone(),
         metadata: Some(metadata(rec)),
-        image: Some(image_spec(rec)),
-        image_ref: rec.image_ref.clone(),
+        // A v1alpha2 kubelet has no image_id and takes image_ref for the ID
+        // its image GC matches against ListImages: the ID, so that it does
+        // not see the image as unused.
+        image_ref: match api {
+            ApiVersion::V1 => image.image_ref.clone(),
+            ApiVersion::V1Alpha2 => rec.image_id.clone(),
+        },
+        image: Some(image),
         state: state_of(rec.state) as i32,
         created_at: rec.created_at,
         labels: map(&rec.labels),
         annotations: map(&rec.annotations),
-        image_id: rec.image_ref.clone(),
+        image_id: rec.image_id.clone(),
     }
 }
 
@@ -229,6 +239,7 @@ impl Cri {
         &self,
         req: Request<ListContainersRequest>,
     ) -> Result<Response<ListContainersResponse>, Status> {
+        let api = ApiVersion::of(&req);
         let f = req.into_inner().filter.unwrap_or_default();
         bounds::id("filter.id", &f.id)?;
         bounds::id("filter.pod_sandbox_id", &f.pod_sandbox_id)?;
@@ -243,7 +254,7 @@ impl Cri {
             .filter(|r| f.pod_sandbox_id.is_empty() || r.pod_id.starts_with(&f.pod_sandbox_id))
             .filter(|r| state.is_none_or(|s| state_of(r.state) as i32 == s))
             .filter(|r| labels_match(r, &f.label_selector))
-            .map(|r| list_item(r))
+            .map(|r| list_item(r, api))
             .collect();
         Ok(Response::new(ListContainersResponse { containers }))
     }

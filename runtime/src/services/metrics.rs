@@ -538,7 +538,9 @@ fn container_metrics(c: &ContainerSample, pod: &PodSample, at: i64) -> Container
     let base = vec![
         rec.name.clone(),
         c.cgroup.as_ref().map(|p| p.to_string()).unwrap_or_default(),
-        rec.image.clone(),
+        // The image as the user named it (kubelet sends the ID as the
+        // request's image), as containerd labels it.
+        rec.reported_image().name,
         rec.id.clone(),
         pod.pod.metadata.namespace.clone(),
         pod.pod.metadata.name.clone(),
