@@ -118,6 +118,13 @@ pub fn scan_offline(root: &Path, store: &Store) -> Result<Vec<OrphanContent>> {
     Ok(out)
 }
 
+/// Every image lease in `store` by its holder (a container ID, or
+/// `<container ID>/...` for an image volume), read without an
+/// [`crate::ImageService`] (while no daemon runs).
+pub fn leases_in(store: &Store) -> Result<Vec<(String, Lease)>> {
+    Ok(Leases::load(store)?.by_container.into_iter().collect())
+}
+
 /// An orphan with the bytes under `path`.
 pub(crate) fn measured(kind: ContentKind, name: String, path: PathBuf) -> Result<OrphanContent> {
     let bytes = usage(&[&path])?.bytes;
