@@ -287,6 +287,37 @@ async fn open_images(config: &Config, store: &Arc<Store>) -> anyhow::Result<Imag
 /// inherited by monitors or plugins: close-on-exec).
 fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
     let path = dir.join(RUN_DIR_LOCK);
+    let lock = take_run_dir_lock(dir)?.map_err(|holder| {
+        anyhow::anyhow!(
+            "the run dir {} is in use by another crust daemon (pid {holder}): each daemon \
+             needs its own run_dir",
+            dir.display()
+        )
+    })?;
+    let mut f: &File = &lock;
+    f.set_len(0)
+        .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(lock)
+}
+
+/// Takes the run dir's lock for a tool that must not run beside a daemon
+/// (`crust check` with no daemon), leaving the pid in it alone; None when
+/// the run dir does not exist (no daemon runs on it). The error names the
+/// daemon that holds it.
+pub fn hold_run_dir(dir: &Path) -> anyhow::Result<Option<Flock<File>>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    match take_run_dir_lock(dir)? {
+        Ok(lock) => Ok(Some(lock)),
+        Err(holder) => anyhow::bail!("a crust daemon (pid {holder}) runs on {}", dir.display()),
+    }
+}
+
+/// The run dir's lock, or the pid the daemon holding it wrote.
+fn take_run_dir_lock(dir: &Path) -> anyhow::Result<Result<Flock<File>, String>> {
+    let path = dir.join(RUN_DIR_LOCK);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -297,22 +328,11 @@ fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => {
-            let mut f: &File = &lock;
-            f.set_len(0)
-                .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
-                .with_context(|| format!("writing {}", path.display()))?;
-            Ok(lock)
-        }
+        Ok(lock) => Ok(Ok(lock)),
         Err((file, Errno::EWOULDBLOCK)) => {
             let mut holder = String::new();
             let _ = (&file).take(32).read_to_string(&mut holder);
-            anyhow::bail!(
-                "the run dir {} is in use by another crust daemon (pid {}): each daemon \
-                 needs its own run_dir",
-                dir.display(),
-                holder.trim()
-            )
+            Ok(Err(holder.trim().to_string()))
         }
         Err((_, e)) => Err(e).with_context(|| format!("locking {}", path.display())),
     }
