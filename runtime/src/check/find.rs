@@ -168,16 +168,23 @@ pub fn orphans(layout: &Layout, records: &Records, node: &OnNode) -> Vec<Orphan>
         }
     }
     for ((id, pod), paths) in dirs {
-        let (kind, what) = if pod {
-            (OrphanKind::PodDirs, "pod sandbox")
-        } else {
-            (OrphanKind::ContainerDirs, "container")
+        let runtime_only = paths
+            .iter()
+            .all(|p| node.runtime_states.iter().any(|(r, _)| p.starts_with(r)));
+        let (kind, why) = match (pod, runtime_only) {
+            (true, _) => (OrphanKind::PodDirs, "no pod sandbox record"),
+            // A container's, or a pause process's whose pod dirs are gone.
+            (false, true) => (
+                OrphanKind::ContainerDirs,
+                "OCI runtime state, no container or pod sandbox record",
+            ),
+            (false, false) => (OrphanKind::ContainerDirs, "no container record"),
         };
         out.push(Orphan::new(
             kind,
             id,
             paths,
-            format!("no {what} record"),
+            why.to_string(),
             Repair::RemoveDirs,
         ));
     }
