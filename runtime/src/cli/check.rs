@@ -20,6 +20,10 @@ use crate::config::{CgroupDriver, Config, DEFAULT_CONFIG_PATH};
 /// tells it from a failed check, 1).
 pub const ORPHANS_LEFT: i32 = 3;
 
+/// The largest report taken from the daemon: gRPC's default of 4 MiB is
+/// some 10000 orphans, which a node full of leftover blobs can have.
+const MAX_REPORT_BYTES: usize = 256 << 20;
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
@@ -101,6 +105,7 @@ async fn check(args: &CheckArgs) -> anyhow::Result<(CheckResponse, &'static str)
         match connect(&args.daemon.socket).await {
             Ok(channel) => {
                 let response = OrphansClient::new(channel)
+                    .max_decoding_message_size(MAX_REPORT_BYTES)
                     .check(CheckRequest {
                         repair: args.repair,
                     })
