@@ -452,7 +452,7 @@ async fn a_container_and_pod_whose_records_were_lost() {
     // The pod's cgroup holds the container's: one orphan, the top one.
     let cgroup = orphan(&report, "cgroups", &pod_id);
     assert!(
-        cgroup["detail"].as_str().unwrap().contains("processes"),
+        cgroup["detail"].as_str().unwrap().contains("process"),
         "{cgroup:#}"
     );
     orphan(&report, "pod_dirs", &pod_id);
@@ -571,7 +571,7 @@ async fn planted_orphans_are_found_and_repaired_without_the_daemon() {
     assert!(dir["bytes"].as_u64().unwrap() >= 1 << 20, "{dir:#}");
     let cg = orphan(&report, "cgroups", &planted);
     assert!(
-        cg["detail"].as_str().unwrap().contains("1 processes"),
+        cg["detail"].as_str().unwrap().contains("1 process"),
         "{cg:#}"
     );
 

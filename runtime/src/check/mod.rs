@@ -351,7 +351,7 @@ async fn run(
         crate::tasks::blocking(move || list_node(&config, &store, &*node)).await?
     };
     let content = side.content(false).await?;
-    let (records, mut orphans) = {
+    let mut orphans = {
         let (layout, store, node) = (layout.clone(), store.clone(), node.clone());
         crate::tasks::blocking(move || {
             let records = read_records(&store, &*node)?;
@@ -364,16 +364,16 @@ async fn run(
                     }
                     OrphanKind::Cgroups => {
                         let n = node.cgroup_processes(&o.paths[0].to_string_lossy());
-                        o.detail = format!("{}; {n} processes", o.detail);
+                        let s = if n == 1 { "" } else { "es" };
+                        o.detail = format!("{}; {n} process{s}", o.detail);
                     }
                     _ => {}
                 }
             }
-            Ok::<_, CheckError>((records, orphans))
+            Ok::<_, CheckError>(orphans)
         })
         .await?
     };
-    drop(records);
     orphans.extend(content.into_iter().map(content_orphan));
     orphans.sort_by(|a, b| (a.kind, &a.id, &a.paths).cmp(&(b.kind, &b.id, &b.paths)));
     let mut report = Report {
