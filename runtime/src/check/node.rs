@@ -177,13 +177,18 @@ impl NodeView for RealNode {
     fn delete_cgroup(&self, cgroup: &str, unit: Option<&str>) -> Result<(), String> {
         let path = cgroup_path(cgroup)?;
         let res = match unit {
-            Some(u) if u.ends_with(".slice") => self.cgroups.delete_pod(
-                &path,
-                Some(&PodSlice {
-                    name: u.to_string(),
-                    owned: true,
-                }),
-            ),
+            // crust's own pod slice (`crust-pod<id>.slice`); one systemd no
+            // longer knows still has a cgroup to remove.
+            Some(u) if u.ends_with(".slice") => self
+                .cgroups
+                .delete_pod(
+                    &path,
+                    Some(&PodSlice {
+                        name: u.to_string(),
+                        owned: true,
+                    }),
+                )
+                .or_else(|_| self.cgroups.delete_pod(&path, None)),
             // A scope systemd no longer knows still has a cgroup to remove.
             Some(u) => self
                 .cgroups

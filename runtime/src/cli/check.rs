@@ -13,7 +13,7 @@ use crust_api::admin::v1::orphans_client::OrphansClient;
 use crust_api::admin::v1::{CheckRequest, CheckResponse};
 use serde_json::json;
 
-use super::{DaemonSocket, block_on, connect, human_size};
+use super::{DaemonSocket, connect, human_size};
 use crate::config::{CgroupDriver, Config, DEFAULT_CONFIG_PATH};
 
 /// The exit status when orphans are left (a cron job or health check
@@ -82,14 +82,21 @@ impl CheckArgs {
 
 pub fn run(args: CheckArgs) -> anyhow::Result<()> {
     let mut left = 0;
-    block_on(async {
+    // Multi-threaded as the daemon's: without a daemon, the check stops
+    // systemd units from blocking threads as the daemon does.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
         let (response, by) = check(&args).await?;
         left = response.orphans.iter().filter(|o| !o.repaired).count();
         match args.output {
             Output::Table => print!("{}", table(&response, by)),
             Output::Json => println!("{:#}", as_json(&response, by)),
         }
-        Ok(())
+        Ok::<(), anyhow::Error>(())
     })?;
     if left > 0 {
         use std::io::Write;
