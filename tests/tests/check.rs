@@ -809,3 +809,78 @@ async fn records_whose_dirs_or_pod_are_gone_are_removed_by_the_daemon() {
         .unwrap();
     assert!(!id.is_empty());
 }
+
+/// `crust check --repair` through the daemon, again and again, while
+/// containers are created, started, exec'd into, stopped and removed and
+/// an image is pulled and removed: it finds nothing (what is being made
+/// or taken apart is no orphan) and harms nothing (every step succeeds).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_check_during_life_cycle_steps_finds_and_harms_nothing() {
+    let (mut env, mut rt) = start(false).await;
+    let _cleanup = RepairOnPanic::new(&env.daemon);
+    let image = env.image.clone();
+    let other = build(ImageSpec {
+        layers: vec![gzip(&LayerTar::new().file("other", b"other").finish())],
+        ..ImageSpec::default()
+    });
+    Pusher::new(&env.registry)
+        .image("test/other", "v1", &other)
+        .await;
+    let other_ref = format!("{}/test/other:v1", env.registry.host);
+    let p = pod(&mut rt, "busy").await;
+    let d = &mut env.daemon;
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checks = {
+        let done = done.clone();
+        let args = RepairOnPanic::new(d).0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut reports = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+                a.extend(["--output", "json"]);
+                let out = run_crust(&a);
+                reports.push((
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stdout).into_owned(),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                ));
+            }
+            reports
+        })
+    };
+    let mut ic = d.image_v1().await;
+    for i in 0..6 {
+        let id = sleeper(&mut rt, &p, &format!("c{i}"), &image).await;
+        still_works(&mut rt, &id).await;
+        rt.stop_container(v1::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+        rt.remove_container(v1::RemoveContainerRequest { container_id: id })
+            .await
+            .unwrap();
+        crust_test_support::pull_image(&mut ic, &other_ref).await;
+        ic.remove_image(v1::RemoveImageRequest {
+            image: Some(v1::ImageSpec {
+                image: other_ref.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reports = checks.await.unwrap();
+    eprintln!("{} checks ran during the steps", reports.len());
+    assert!(reports.len() >= 2, "only {} checks ran", reports.len());
+    for (code, stdout, stderr) in &reports {
+        assert_eq!(*code, Some(0), "{stdout}\n{stderr}");
+        let report: Value = serde_json::from_str(stdout).unwrap();
+        assert_eq!(found(&report), vec![], "{report:#}");
+    }
+    let (code, report) = check(d, &[]);
+    assert_eq!((code, found(&report)), (0, vec![]), "{report:#}");
+}

@@ -229,6 +229,9 @@ trait Side: Send + Sync {
     async fn remove_container(&self, id: &str) -> Result<(), String>;
     async fn remove_pod(&self, id: &str) -> Result<(), String>;
     async fn release_lease(&self, holder: &str) -> Result<(), String>;
+    /// Whether a life-cycle step is at work on container (or, with `pod`,
+    /// pod sandbox) `id` now.
+    fn in_step(&self, id: &str, pod: bool) -> bool;
 }
 
 /// Only one check at a time in a process (two repairs would race for the
@@ -351,12 +354,13 @@ async fn run(
         crate::tasks::blocking(move || list_node(&config, &store, &*node)).await?
     };
     let content = side.content(false).await?;
-    let mut orphans = {
+    let orphans = {
         let (layout, store, node) = (layout.clone(), store.clone(), node.clone());
         crate::tasks::blocking(move || {
             let records = read_records(&store, &*node)?;
             let mut orphans = find::orphans(&layout, &records, &on_node);
             cgroups_of_orphans(&layout, &records, &on_node, &*node, &mut orphans);
+            still_there(&mut orphans, &store, &*node)?;
             for o in &mut orphans {
                 match o.kind {
                     OrphanKind::ContainerDirs | OrphanKind::PodDirs => {
@@ -374,6 +378,29 @@ async fn run(
         })
         .await?
     };
+    // A record seen without its dirs may be one a removal is at work on
+    // (it takes the dirs first, the record last, all in one step): not an
+    // orphan while the step runs, nor once the record is gone.
+    let mut kept = Vec::with_capacity(orphans.len());
+    for o in orphans {
+        let pod = match o.kind {
+            OrphanKind::ContainerRecords => false,
+            OrphanKind::PodRecords => true,
+            _ => {
+                kept.push(o);
+                continue;
+            }
+        };
+        let recorded = if pod {
+            store.get::<PodRecord>(&o.id)?.is_some()
+        } else {
+            store.get::<ContainerRecord>(&o.id)?.is_some()
+        };
+        if recorded && !side.in_step(&o.id, pod) {
+            kept.push(o);
+        }
+    }
+    let mut orphans = kept;
     orphans.extend(content.into_iter().map(content_orphan));
     orphans.sort_by(|a, b| (a.kind, &a.id, &a.paths).cmp(&(b.kind, &b.id, &b.paths)));
     let mut report = Report {
@@ -424,6 +451,38 @@ fn list_node(
         on.pod_cgroup_children.insert(cgroup, children);
     }
     Ok((layout, on))
+}
+
+/// Keeps what is still there now that the records have been read: what a
+/// removal took away between the listing and the reading (its record goes
+/// last) was never an orphan.
+fn still_there(
+    orphans: &mut Vec<Orphan>,
+    store: &Store,
+    node: &dyn NodeView,
+) -> Result<(), CheckError> {
+    let mounts: HashSet<PathBuf> = node
+        .mount_points()
+        .map_err(io_err("reading mountinfo"))?
+        .into_iter()
+        .collect();
+    let monitors: HashSet<(i32, PathBuf)> = node.monitors().into_iter().collect();
+    let holders: HashSet<String> = crust_image::orphans::leases_in(store)?
+        .into_iter()
+        .map(|(h, _)| h)
+        .collect();
+    orphans.retain_mut(|o| match &o.repair {
+        Repair::RemoveDirs => {
+            o.paths.retain(|p| node.exists(p));
+            !o.paths.is_empty()
+        }
+        Repair::Unmount => mounts.contains(&o.paths[0]),
+        Repair::KillMonitor { pid } => monitors.contains(&(*pid, o.paths[0].clone())),
+        Repair::DeleteCgroup { .. } => node.cgroup_exists(&o.paths[0].to_string_lossy()),
+        Repair::ReleaseLease => holders.contains(&o.id),
+        Repair::RemoveContainer | Repair::RemovePod | Repair::Content => true,
+    });
+    Ok(())
 }
 
 /// The records as the comparison needs them.
@@ -739,6 +798,14 @@ impl Side for Online<'_> {
             .await
             .map_err(|e| e.to_string())
     }
+
+    fn in_step(&self, id: &str, pod: bool) -> bool {
+        if pod {
+            self.0.pods.in_step(id)
+        } else {
+            self.0.containers.in_step(id)
+        }
+    }
 }
 
 /// The CLI's side, with no daemon running: the image store is opened only
@@ -789,6 +856,11 @@ impl Side for Offline {
     async fn release_lease(&self, holder: &str) -> Result<(), String> {
         let images = self.images().await.map_err(|e| e.to_string())?;
         images.release(holder).await.map_err(|e| e.to_string())
+    }
+
+    /// No daemon, no steps.
+    fn in_step(&self, _id: &str, _pod: bool) -> bool {
+        false
     }
 }
 

@@ -128,9 +128,12 @@ impl NodeView for FakeNode {
     }
 }
 
-/// A side with no image store and records it cannot repair.
+/// A side with no image store and records it cannot repair; `busy`: a
+/// life-cycle step is at work on every container and pod.
 #[derive(Default)]
-struct FakeSide;
+struct FakeSide {
+    busy: bool,
+}
 
 #[async_trait::async_trait]
 impl Side for FakeSide {
@@ -145,6 +148,9 @@ impl Side for FakeSide {
     }
     async fn release_lease(&self, _holder: &str) -> Result<(), String> {
         Ok(())
+    }
+    fn in_step(&self, _id: &str, _pod: bool) -> bool {
+        self.busy
     }
 }
 
@@ -209,7 +215,7 @@ async fn an_orphan_container_is_found_whole_and_repaired_in_order() {
     let config = config(tmp.path());
     let store = Arc::new(Store::open(&tmp.path().join("meta.db")).unwrap());
     let node = Arc::new(node_with_orphan_container(&config));
-    let side = FakeSide;
+    let side = FakeSide::default();
     let b = id('b');
 
     let report = run(&config, store.clone(), node.clone(), &side, false)
@@ -281,12 +287,18 @@ async fn what_has_a_record_by_the_time_of_the_repair_is_left_alone() {
     let store = Arc::new(Store::open(&tmp.path().join("meta.db")).unwrap());
     let node: Arc<dyn NodeView> = Arc::new(node_with_orphan_container(&config));
     let b = id('b');
-    let mut report = run(&config, store.clone(), node.clone(), &FakeSide, false)
-        .await
-        .unwrap();
+    let mut report = run(
+        &config,
+        store.clone(),
+        node.clone(),
+        &FakeSide::default(),
+        false,
+    )
+    .await
+    .unwrap();
     // Its record appears after the check listed the node.
     store.put(&container_record(&config, &b, &id('a'))).unwrap();
-    repair_all(&mut report.orphans, &store, &node, &FakeSide).await;
+    repair_all(&mut report.orphans, &store, &node, &FakeSide::default()).await;
     for o in report.orphans.iter().filter(|o| o.id == b) {
         assert_eq!(
             o.outcome,
@@ -305,13 +317,19 @@ async fn dirs_under_a_mount_are_never_removed() {
     let b = id('b');
     let layer = config.root.join("containers").join(&b);
     let node = Arc::new(node);
-    let mut report = run(&config, store.clone(), node.clone(), &FakeSide, false)
-        .await
-        .unwrap();
+    let mut report = run(
+        &config,
+        store.clone(),
+        node.clone(),
+        &FakeSide::default(),
+        false,
+    )
+    .await
+    .unwrap();
     // Mounted after the check listed the node: its dir stays.
     node.mounts.lock().unwrap().push(layer.join("upper"));
     let node_dyn: Arc<dyn NodeView> = node.clone();
-    repair_all(&mut report.orphans, &store, &node_dyn, &FakeSide).await;
+    repair_all(&mut report.orphans, &store, &node_dyn, &FakeSide::default()).await;
     let dirs = report
         .orphans
         .iter()
@@ -340,7 +358,7 @@ async fn a_container_whose_pod_has_no_record_takes_the_pod_cgroup_along() {
         node.cgroups.lock().unwrap().insert(cg, vec![]);
     }
     let node = Arc::new(node);
-    let report = run(&config, store, node.clone(), &FakeSide, true)
+    let report = run(&config, store, node.clone(), &FakeSide::default(), true)
         .await
         .unwrap();
     type Got<'a> = (OrphanKind, &'a str, Option<Result<(), String>>);
@@ -361,4 +379,49 @@ async fn a_container_whose_pod_has_no_record_takes_the_pod_cgroup_along() {
         ]
     );
     assert_eq!(node.done(), vec![format!("cgroup {pod_cgroup} None")]);
+}
+
+#[tokio::test]
+async fn a_record_a_step_is_at_work_on_is_no_orphan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = config(tmp.path());
+    let store = Arc::new(Store::open(&tmp.path().join("meta.db")).unwrap());
+    // Its pod has no record and its dirs are gone: an orphan record, but
+    // for the step at work on it (a removal takes the dirs first).
+    store
+        .put(&container_record(&config, &id('c'), &id('d')))
+        .unwrap();
+    let node: Arc<dyn NodeView> = Arc::new(FakeNode::default());
+    let busy = FakeSide { busy: true };
+    let report = run(&config, store.clone(), node.clone(), &busy, true)
+        .await
+        .unwrap();
+    assert_eq!(report.orphans, vec![]);
+    let idle = FakeSide::default();
+    let report = run(&config, store, node, &idle, false).await.unwrap();
+    let kinds: Vec<OrphanKind> = report.orphans.iter().map(|o| o.kind).collect();
+    assert_eq!(kinds, vec![OrphanKind::ContainerRecords]);
+}
+
+#[tokio::test]
+async fn what_went_between_the_listing_and_the_records_is_no_orphan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = config(tmp.path());
+    let store = Arc::new(Store::open(&tmp.path().join("meta.db")).unwrap());
+    let node = node_with_orphan_container(&config);
+    // Listed, but gone by the time it is looked at again (a removal that
+    // finished meanwhile): its dir, its monitor, its mount.
+    let gone = id('e');
+    node.dirs
+        .lock()
+        .unwrap()
+        .entry(config.run_dir.join("containers"))
+        .or_default()
+        .push(gone.clone());
+    let node: Arc<dyn NodeView> = Arc::new(node);
+    let report = run(&config, store, node, &FakeSide::default(), false)
+        .await
+        .unwrap();
+    assert!(report.orphans.iter().all(|o| o.id != gone), "{report:#?}");
+    assert!(report.orphans.iter().any(|o| o.id == id('b')));
 }
