@@ -14,9 +14,11 @@
 //! written before any effect it describes and deleted after them, with IDs
 //! never reused; so what was listed and has no record when the records are
 //! read is an orphan (something created since cannot be: its record came
-//! first). Each repair reads the store again for its ID first. The image
-//! store decides its own orphans under its locks and pins, so a pull in
-//! flight is none.
+//! first), if it is still there then (a removal may have taken it
+//! meanwhile). A record seen without its dirs is none while a life-cycle
+//! step holds it (a removal takes the dirs first). Each repair reads the
+//! store again for its ID first. The image store decides its own orphans
+//! under its locks and pins, so a pull in flight is none.
 //!
 //! What the daemon's start repairs by itself (its recovery), so that an
 //! offline check reports it and a restart clears it: pod dirs without a
