@@ -302,17 +302,14 @@ fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
 }
 
 /// Takes the run dir's lock for a tool that must not run beside a daemon
-/// (`crust check` with no daemon), leaving the pid in it alone; None when
-/// the run dir does not exist (no daemon runs on it). The error names the
-/// daemon that holds it.
-pub fn hold_run_dir(dir: &Path) -> anyhow::Result<Option<Flock<File>>> {
+/// (`crust check` with no daemon), leaving the pid in it alone: `Ok(Err(pid))`
+/// when a daemon holds it, `Ok(Ok(None))` when the run dir does not exist
+/// (no daemon runs on it).
+pub fn hold_run_dir(dir: &Path) -> anyhow::Result<Result<Option<Flock<File>>, String>> {
     if !dir.is_dir() {
-        return Ok(None);
+        return Ok(Ok(None));
     }
-    match take_run_dir_lock(dir)? {
-        Ok(lock) => Ok(Some(lock)),
-        Err(holder) => anyhow::bail!("a crust daemon (pid {holder}) runs on {}", dir.display()),
-    }
+    Ok(take_run_dir_lock(dir)?.map(Some))
 }
 
 /// The run dir's lock, or the pid the daemon holding it wrote.

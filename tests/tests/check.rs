@@ -884,3 +884,60 @@ async fn a_check_during_life_cycle_steps_finds_and_harms_nothing() {
     let (code, report) = check(d, &[]);
     assert_eq!((code, found(&report)), (0, vec![]), "{report:#}");
 }
+
+/// Reporting is for anyone who may reach the socket; repairing only for
+/// root, by the caller's credentials on the socket (its mode may let a
+/// group in).
+#[tokio::test(flavor = "multi_thread")]
+async fn only_root_may_repair() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start().await;
+    let stray = d.root.join("containers").join(new_id(4));
+    std::fs::create_dir_all(&stray).unwrap();
+    let mut dir = d.socket.parent();
+    while let Some(p) = dir {
+        if p == Path::new("/tmp") || p == Path::new("/") {
+            break;
+        }
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir = p.parent();
+    }
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let cli = d.temp_dir().join("crust-cli");
+    std::fs::copy(crust_test_support::crust_bin(), &cli).unwrap();
+    std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        Command::new(&cli)
+            .arg("check")
+            .args(args)
+            .args(["--socket", &d.socket.display().to_string()])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let out = as_nobody(&["--repair"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("root only") && err.contains("uid 65534"),
+        "{err}"
+    );
+    assert!(stray.exists());
+    let out = as_nobody(&["--output", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(ORPHANS_LEFT),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    orphan(
+        &report,
+        "container_dirs",
+        stray.file_name().unwrap().to_str().unwrap(),
+    );
+    let (code, _) = check(&d, &["--repair"]);
+    assert_eq!(code, 0);
+    assert!(!stray.exists());
+}

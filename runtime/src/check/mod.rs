@@ -272,11 +272,17 @@ pub async fn offline(config: &Config, repair: bool) -> Result<Report, CheckError
     if !meta.is_file() {
         return Err(CheckError::NoState(config.root.display().to_string()));
     }
-    let _run_dir = crate::daemon::hold_run_dir(&config.run_dir).map_err(|e| {
-        CheckError::DaemonRunning(format!(
-            "{e:#}; check through the daemon: crust check --socket <its socket>"
-        ))
-    })?;
+    let _run_dir = match crate::daemon::hold_run_dir(&config.run_dir) {
+        Ok(Ok(lock)) => lock,
+        Ok(Err(pid)) => {
+            return Err(CheckError::DaemonRunning(format!(
+                "a crust daemon (pid {pid}) runs on {}: check through it (crust check \
+                 --socket <its socket>)",
+                config.run_dir.display()
+            )));
+        }
+        Err(e) => return Err(CheckError::Internal(format!("{e:#}"))),
+    };
     let store = Arc::new(Store::open(&meta).map_err(|e| {
         CheckError::DaemonRunning(format!(
             "{e} (is a crust daemon running on {}? check through it: crust check --socket ...)",

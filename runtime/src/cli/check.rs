@@ -123,9 +123,10 @@ async fn check(args: &CheckArgs) -> anyhow::Result<(CheckResponse, &'static str)
             }
             // Not running (or not here): the check goes on without it,
             // refused if a daemon holds the run dir after all.
-            Err(_) => eprintln!(
-                "crust: no daemon answers at {}: checking without one",
-                args.daemon.socket.display()
+            Err(e) => eprintln!(
+                "crust: no daemon answers at {} ({}): checking without one",
+                args.daemon.socket.display(),
+                e.root_cause()
             ),
         }
     }
