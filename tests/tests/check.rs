@@ -181,6 +181,18 @@ impl Record for PodRec {
     }
 }
 
+/// An image lease as the store keeps it.
+#[derive(Serialize, Deserialize)]
+#[serde(transparent)]
+struct LeaseRec(Value);
+
+impl Record for LeaseRec {
+    const KIND: Kind = Kind::Lease;
+    fn key(&self) -> &str {
+        self.0["container_id"].as_str().unwrap_or_default()
+    }
+}
+
 /// Deletes records from a stopped daemon's metadata store, as a lost
 /// write or a hand's `rm` would.
 fn forget(root: &Path, containers: &[&str], pods: &[&str]) {
@@ -529,7 +541,9 @@ async fn a_container_and_pod_whose_records_were_lost() {
 }
 
 /// What the test plants — a dir with no record, a process that looks like
-/// a monitor, a cgroup with a process in the cgroup of a pod — is found
+/// a monitor, a cgroup with a process in the cgroup of a pod; with the
+/// daemon down, an unpacked layer no image lists, temp files of an
+/// interrupted download and unpack, a lease of no container — is found
 /// through the daemon and without it, repaired without it (never while it
 /// runs), and the running container and the image are untouched.
 #[tokio::test(flavor = "multi_thread")]
@@ -602,16 +616,48 @@ async fn planted_orphans_are_found_and_repaired_without_the_daemon() {
 
     drop(rt);
     assert!(d.stop().await.success());
+    // With the daemon down: an unpacked layer no image lists, the temp
+    // files of an interrupted download and unpack, and an image lease of
+    // a container with no record.
+    let layer = new_id(5);
+    let layer_dir = d.root.join("layers").join(&layer);
+    std::fs::create_dir_all(layer_dir.join("diff")).unwrap();
+    std::fs::write(layer_dir.join("diff/f"), vec![1u8; 64 << 10]).unwrap();
+    let ingest = d.root.join("content/ingest/.tmpcheck");
+    std::fs::write(&ingest, vec![2u8; 4096]).unwrap();
+    let unpacking = d.root.join("layers/.tmp-check");
+    std::fs::create_dir_all(unpacking.join("diff")).unwrap();
+    let holder = new_id(6);
+    {
+        let store = Store::open(&d.root.join("meta.db")).unwrap();
+        store
+            .put(&LeaseRec(serde_json::json!({
+                "container_id": holder,
+                "image_id": test_image().id(),
+                "chain_ids": [],
+            })))
+            .unwrap();
+    }
+    want.extend([
+        ("image_layers".to_string(), format!("sha256:{layer}")),
+        ("image_temp".to_string(), ".tmpcheck".to_string()),
+        ("image_temp".to_string(), ".tmp-check".to_string()),
+        ("leases".to_string(), holder.clone()),
+    ]);
+    want.sort();
     let (code, report) = check(d, &["--offline"]);
     assert_eq!(code, ORPHANS_LEFT);
     assert_eq!(report["checked_by"], "offline");
     let mut got = found(&report);
     got.sort();
     assert_eq!(got, want, "{report:#}");
+    let l = orphan(&report, "image_layers", &format!("sha256:{layer}"));
+    assert!(l["bytes"].as_u64().unwrap() >= 64 << 10, "{l:#}");
     let (code, report) = check(d, &["--offline", "--repair"]);
     assert_eq!(code, 0, "{report:#}");
     all_repaired(&report);
-    assert!(!stray_dir.exists());
+    assert!(!stray_dir.exists() && !layer_dir.exists());
+    assert!(!ingest.exists() && !unpacking.exists());
     monitor.wait_exit().await;
     cgroup.sleep.wait_exit().await;
     assert!(cgroup.dirs.iter().all(|d| !d.exists()), "{:?}", cgroup.dirs);
