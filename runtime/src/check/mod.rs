@@ -284,10 +284,15 @@ pub async fn offline(config: &Config, repair: bool) -> Result<Report, CheckError
         Err(e) => return Err(CheckError::Internal(format!("{e:#}"))),
     };
     let store = Arc::new(Store::open(&meta).map_err(|e| {
-        CheckError::DaemonRunning(format!(
-            "{e} (is a crust daemon running on {}? check through it: crust check --socket ...)",
-            config.root.display()
-        ))
+        if e.is_in_use() {
+            CheckError::DaemonRunning(format!(
+                "{e}: a crust daemon runs on {}: check through it (crust check --socket \
+                 <its socket>)",
+                config.root.display()
+            ))
+        } else {
+            CheckError::Store(e)
+        }
     })?);
     let cgroups = node_cgroups(config)?;
     let node: Arc<dyn NodeView> = Arc::new(RealNode::new(cgroups));
