@@ -113,8 +113,11 @@ impl Reloader {
         d: &Daemon,
         last_file: &mut BTreeMap<String, String>,
     ) -> Result<ReloadReport, ConfigError> {
-        let wanted = self.source.load()?;
+        // One read of the file: what it says, and with the flags over it.
         let file = self.source.load_file()?;
+        let mut wanted = file.clone();
+        self.source.overrides.apply(&mut wanted);
+        wanted.validate()?;
         let old = d.live_config();
         let mut next = wanted.clone();
         keep_restart_only(&mut next, &old);
