@@ -81,17 +81,19 @@ impl DaemonBuilder {
             args.push(flag.into());
             args.push(value.into());
         }
-        // Debug logs unless the test sets the level itself.
-        if !self.args.iter().any(|a| a == "--log-level") {
+        // Debug logs unless the test sets the level itself (a flag would
+        // win over the config's `log_level`, at start and at reloads).
+        let config_table = self
+            .config_toml
+            .as_deref()
+            .and_then(|t| t.parse::<toml::Table>().ok());
+        let config_sets = |key: &str| config_table.as_ref().is_some_and(|t| t.contains_key(key));
+        if !self.args.iter().any(|a| a == "--log-level") && !config_sets("log_level") {
             args.extend(["--log-level".into(), "debug".into()]);
         }
         // The run's driver, unless this test picks one itself.
         let picks_driver = self.args.iter().any(|a| a.starts_with("--cgroup-driver"))
-            || self
-                .config_toml
-                .as_deref()
-                .and_then(|t| t.parse::<toml::Table>().ok())
-                .is_some_and(|t| t.contains_key("cgroup_driver"));
+            || config_sets("cgroup_driver");
         if let (false, Some(driver)) = (picks_driver, cgroup_driver_from_env()) {
             args.extend(["--cgroup-driver".into(), driver.into()]);
         }
@@ -105,6 +107,7 @@ impl DaemonBuilder {
             run_dir,
             cni_conf_dir,
             log,
+            config,
             dir: Some(dir),
             _noisy: crate::noisy::shared(),
         };
@@ -124,6 +127,8 @@ pub struct Daemon {
     pub run_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
     pub log: PathBuf,
+    /// The `--config` file (a test rewrites it to try a reload).
+    pub config: PathBuf,
     dir: Option<tempfile::TempDir>,
     /// The process's noisy neighbour runs while any daemon does (dropped
     /// last: after the daemon's teardown).
@@ -170,6 +175,13 @@ impl Daemon {
 
     pub async fn start() -> Daemon {
         Daemon::builder().start().await
+    }
+
+    /// Writes `toml` as the daemon's config file, with the test daemon's
+    /// own NRI paths and network default as at start (see [`test_config`]);
+    /// the daemon reads it at its next reload or start.
+    pub fn write_config(&self, toml: &str) {
+        std::fs::write(&self.config, test_config(toml, self.temp_dir())).unwrap();
     }
 
     /// The daemon's private temp dir (socket, root, run dir, CNI conf dir);

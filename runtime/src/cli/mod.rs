@@ -6,6 +6,7 @@
 pub mod check;
 pub mod images;
 pub mod log_level;
+pub mod reload;
 pub mod status;
 
 use std::path::{Path, PathBuf};
