@@ -246,8 +246,10 @@ pub async fn online(daemon: &Daemon, repair: bool) -> Result<Report, CheckError>
     let _one = ONE_AT_A_TIME.lock().await;
     let cgroups = node_cgroups(&daemon.config)?;
     let node: Arc<dyn NodeView> = Arc::new(RealNode::new(cgroups));
+    // The config in force: a reload may have added or moved handlers (their
+    // state roots); the dirs and the cgroup driver are the start's.
     let report = run(
-        &daemon.config,
+        &daemon.live_config(),
         daemon.store.clone(),
         node,
         &Online(daemon),
@@ -333,9 +335,10 @@ fn node_cgroups(config: &Config) -> Result<Arc<NodeCgroups>, CheckError> {
     )?))
 }
 
-/// The dirs of `config`'s daemon, and the runtime state roots in them (or
-/// configured elsewhere).
-fn layout(config: &Config, node: &dyn NodeView) -> Layout {
+/// The dirs of `config`'s daemon, and the runtime state roots: in the run
+/// dir, configured elsewhere, or named by the records of `containers`
+/// (a handler a reload removed or moved still has its containers' state).
+fn layout(config: &Config, node: &dyn NodeView, containers: &[ContainerRecord]) -> Layout {
     let runtimes = config.run_dir.join("runtimes");
     let mut roots: Vec<PathBuf> = node
         .list_dir(&runtimes)
@@ -344,6 +347,10 @@ fn layout(config: &Config, node: &dyn NodeView) -> Layout {
         .map(|n| runtimes.join(n))
         .collect();
     roots.extend(config.runtimes.values().filter_map(|h| h.root.clone()));
+    roots.extend(containers.iter().map(|c| match &c.runtime {
+        crust_shim_protocol::RuntimeConfig::Embedded { root, .. }
+        | crust_shim_protocol::RuntimeConfig::Cli { root, .. } => root.clone(),
+    }));
     roots.sort();
     roots.dedup();
     Layout {
@@ -441,7 +448,9 @@ fn list_node(
     store: &Store,
     node: &dyn NodeView,
 ) -> Result<(Layout, OnNode), CheckError> {
-    let layout = layout(config, node);
+    // The records of a first read name runtime roots and pod cgroups to
+    // look in (what is listed is compared with a later read).
+    let layout = layout(config, node, &store.list::<ContainerRecord>()?);
     let list = |dir: PathBuf| {
         node.list_dir(&dir)
             .map_err(io_err(format!("listing {}", dir.display())))

@@ -425,3 +425,32 @@ async fn what_went_between_the_listing_and_the_records_is_no_orphan() {
     assert!(report.orphans.iter().all(|o| o.id != gone), "{report:#?}");
     assert!(report.orphans.iter().any(|o| o.id == id('b')));
 }
+
+#[tokio::test]
+async fn runtime_roots_the_records_name_are_looked_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = config(tmp.path());
+    let store = Arc::new(Store::open(&tmp.path().join("meta.db")).unwrap());
+    // A container of a handler whose root is outside the run dir (one a
+    // reload removed, say): the state of another ID there is an orphan.
+    let rec = container_record(&config, &id('c'), &id('d'));
+    store.put(&rec).unwrap();
+    let node = FakeNode::default();
+    node.add_dir(&rec.state_dir);
+    node.add_dir(&PathBuf::from("/r").join(id('c')));
+    node.add_dir(&PathBuf::from("/r").join(id('e')));
+    let node: Arc<dyn NodeView> = Arc::new(node);
+    let report = run(&config, store, node, &FakeSide::default(), false)
+        .await
+        .unwrap();
+    let dirs: Vec<(&str, &Vec<PathBuf>)> = report
+        .orphans
+        .iter()
+        .filter(|o| o.kind == OrphanKind::ContainerDirs)
+        .map(|o| (o.id.as_str(), &o.paths))
+        .collect();
+    assert_eq!(
+        dirs,
+        vec![(id('e').as_str(), &vec![PathBuf::from("/r").join(id('e'))])]
+    );
+}
