@@ -376,18 +376,21 @@ pub struct ConfigSource {
     pub overrides: Overrides,
 }
 
-impl ConfigSource {
-    /// Reads the file, puts the flags over it and checks the result.
-    pub fn load(&self) -> Result<Config, ConfigError> {
-        let mut c = self.load_file()?;
-        self.overrides.apply(&mut c);
-        c.validate()?;
-        Ok(c)
-    }
+/// One read of the config file: the file's own values, and the config to
+/// run with (the flags over them, checked).
+pub struct LoadedConfig {
+    pub file: Config,
+    pub config: Config,
+}
 
-    /// The file alone, without the flags (not checked).
-    pub fn load_file(&self) -> Result<Config, ConfigError> {
-        Config::load(&self.path, self.explicit)
+impl ConfigSource {
+    /// Reads the file once, puts the flags over it and checks the result.
+    pub fn load(&self) -> Result<LoadedConfig, ConfigError> {
+        let file = Config::load(&self.path, self.explicit)?;
+        let mut config = file.clone();
+        self.overrides.apply(&mut config);
+        config.validate()?;
+        Ok(LoadedConfig { file, config })
     }
 }
 
@@ -715,13 +718,14 @@ mod tests {
                 ..Overrides::default()
             },
         };
-        let c = source.load().unwrap();
+        let loaded = source.load().unwrap();
+        let c = &loaded.config;
         assert_eq!(c.log_level, LogLevel::Debug);
         assert_eq!(c.root, PathBuf::from("/file-root"));
-        assert_eq!(source.load_file().unwrap().log_level, LogLevel::Warn);
+        assert_eq!(loaded.file.log_level, LogLevel::Warn);
         assert_eq!(source.overrides.keys(), ["log_level"]);
         std::fs::write(&path, "root = \"relative\"\n").unwrap();
-        assert!(source.load().unwrap_err().to_string().contains("root"));
+        assert!(source.load().err().unwrap().to_string().contains("root"));
     }
 
     #[test]

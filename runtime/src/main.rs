@@ -225,10 +225,10 @@ fn main() -> ExitCode {
 }
 
 fn run_daemon(source: ConfigSource) -> anyhow::Result<()> {
-    let config = source.load()?;
+    let loaded = source.load()?;
     // Dependencies' chatter stays down unless tracing everything.
     let log = logging::init(
-        &config,
+        &loaded.config,
         "h2=warn,hyper=warn,tower=warn,tonic=warn,loona_hpack=warn,libcgroups=error,zbus=warn",
     );
     // A socket per live container (its watcher) and per client: take the
@@ -242,5 +242,5 @@ fn run_daemon(source: ConfigSource) -> anyhow::Result<()> {
         .thread_name("crust")
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(server::serve(source, config, log))
+    rt.block_on(server::serve(source, loaded, log))
 }

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
-use crate::config::{Config, ConfigError, ConfigSource, config_keys};
+use crate::config::{Config, ConfigError, ConfigSource, LoadedConfig, config_keys};
 use crate::daemon::{Daemon, pull_progress_timeout};
 use crate::handlers::Handlers;
 use crate::logging::LogControl;
@@ -57,17 +57,12 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn new(source: ConfigSource, log: LogControl) -> Reloader {
-        // As the daemon read it moments ago (if it has gone since, every
-        // key of the next reload's file counts as changed).
-        let file = source
-            .load_file()
-            .map(|c| config_keys(&c))
-            .unwrap_or_default();
+    /// `file`: the file's own values as the daemon read them at start.
+    pub fn new(source: ConfigSource, file: &Config, log: LogControl) -> Reloader {
         Reloader {
             source,
             log,
-            last_file: tokio::sync::Mutex::new(file),
+            last_file: tokio::sync::Mutex::new(config_keys(file)),
         }
     }
 
@@ -114,10 +109,10 @@ impl Reloader {
         last_file: &mut BTreeMap<String, String>,
     ) -> Result<ReloadReport, ConfigError> {
         // One read of the file: what it says, and with the flags over it.
-        let file = self.source.load_file()?;
-        let mut wanted = file.clone();
-        self.source.overrides.apply(&mut wanted);
-        wanted.validate()?;
+        let LoadedConfig {
+            file,
+            config: wanted,
+        } = self.source.load()?;
         let old = d.live_config();
         let mut next = wanted.clone();
         keep_restart_only(&mut next, &old);

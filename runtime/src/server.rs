@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use crate::api_version::ApiVersionLayer;
 use crate::authority::AuthorityFixed;
-use crate::config::{Config, ConfigSource};
+use crate::config::{ConfigSource, LoadedConfig};
 use crate::daemon::Daemon;
 use crate::logging::LogControl;
 use crate::metrics::Metrics;
@@ -35,7 +35,12 @@ use crate::services::{Admin, Cri, Operator};
 /// exits anyway (long-lived streams such as GetContainerEvents never finish).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn serve(source: ConfigSource, config: Config, log: LogControl) -> anyhow::Result<()> {
+pub async fn serve(
+    source: ConfigSource,
+    loaded: LoadedConfig,
+    log: LogControl,
+) -> anyhow::Result<()> {
+    let LoadedConfig { file, config } = loaded;
     let socket = config.socket.clone();
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
@@ -65,7 +70,7 @@ pub async fn serve(source: ConfigSource, config: Config, log: LogControl) -> any
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     spawn_state_dumps(&daemon)?;
-    let reloader = Arc::new(Reloader::new(source, log.clone()));
+    let reloader = Arc::new(Reloader::new(source, &file, log.clone()));
     spawn_reloads(&daemon, reloader.clone())?;
     let listener = bind(&socket)?;
     let _remove_socket = RemoveOnDrop(socket.clone());

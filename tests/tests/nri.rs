@@ -153,12 +153,8 @@ impl Env {
     }
 
     async fn container_ids(&mut self) -> Vec<String> {
-        self.rt
-            .list_containers(v1::ListContainersRequest::default())
+        crust_test_support::cri::list_containers(&mut self.rt)
             .await
-            .unwrap()
-            .into_inner()
-            .containers
             .into_iter()
             .map(|c| c.id)
             .collect()

@@ -13,37 +13,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use crust_image::{ErrorKind, ImageService, PullSettings};
 
-/// A 256 KiB layer (incompressible enough that gzip keeps it large), so
-/// half of it is many chunks.
-fn big_image(layers: usize) -> TestImage {
-    let blobs = (0..layers)
-        .map(|i| {
-            // xorshift64: noise gzip cannot shrink.
-            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ i as u64;
-            let data: Vec<u8> = (0..256 * 1024)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
-            gzip(&LayerTar::new().file(&format!("data{i}"), &data).finish())
-        })
-        .collect();
-    build(ImageSpec {
-        layers: blobs,
-        ..ImageSpec::default()
-    })
-}
-
 async fn store_with_timeout(timeout: Option<Duration>) -> Store {
-    let root = tempfile::tempdir().unwrap();
-    let meta = Arc::new(crust_store::Store::open(&root.path().join("meta.db")).unwrap());
-    let mut config = crust_image::Config::new(root.path());
-    config.pull_progress_timeout = timeout;
-    let svc = ImageService::open(config, meta).await.unwrap();
-    Store { root, svc }
+    store_configured(|c| c.pull_progress_timeout = timeout).await
 }
 
 fn settings(svc: &ImageService) -> PullSettings {
@@ -52,7 +23,7 @@ fn settings(svc: &ImageService) -> PullSettings {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stalled_download_is_given_up_with_an_error_naming_it() {
-    let img = big_image(1);
+    let img = noise_image(1);
     let layer = img.layers[0].digest();
     assert!(img.layers[0].bytes.len() > 200_000);
     let reg = SlowRegistry::start("test/stall", "v1", &img, BlobPace::StallAfter(100_000));
@@ -94,7 +65,7 @@ async fn a_stalled_download_is_given_up_with_an_error_naming_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slow_download_that_keeps_coming_is_not_given_up() {
-    let img = big_image(1);
+    let img = noise_image(1);
     // 3 s in all, never 1 s without a byte.
     let pace = BlobPace::Trickle {
         chunks: 10,
@@ -114,7 +85,7 @@ async fn a_slow_download_that_keeps_coming_is_not_given_up() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_progress_timeout_a_stalled_download_waits() {
-    let img = big_image(1);
+    let img = noise_image(1);
     let reg = SlowRegistry::start("test/off", "v1", &img, BlobPace::StallAfter(1000));
     let s = store_with_timeout(None).await;
     let (reference, creds) = (reg.reference(), anon());
@@ -128,7 +99,7 @@ async fn without_a_progress_timeout_a_stalled_download_waits() {
 /// download at once.
 #[tokio::test(flavor = "multi_thread")]
 async fn pull_settings_can_change_between_pulls() {
-    let img = big_image(3);
+    let img = noise_image(3);
     let reg = SlowRegistry::start("test/settings", "v1", &img, BlobPace::StallAfter(1000));
     let s = store_with_timeout(None).await;
     s.svc.set_pull_settings(PullSettings {
@@ -160,7 +131,7 @@ async fn pull_settings_can_change_between_pulls() {
 /// serves the pull.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stalled_mirror_falls_back_to_the_next_host() {
-    let img = big_image(1);
+    let img = noise_image(1);
     let upstream = Registry::start();
     Pusher::new(&upstream)
         .image("test/mirror", "v1", &img)
