@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::*;
+use crust_image::OrphanContent;
 
 /// A node in memory that records what is done to it.
 #[derive(Default)]
