@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/runtime/v1alpha2/api.proto",
         "proto/crust/admin/v1/images.proto",
         "proto/crust/admin/v1/daemon.proto",
+        "proto/crust/admin/v1/check.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

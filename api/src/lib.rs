@@ -1,6 +1,6 @@
 //! The CRI gRPC API as generated Rust code, and crust's private admin API
-//! (`crust.admin.v1`, for the `crust images`, `status` and `log-level`
-//! commands).
+//! (`crust.admin.v1`, for the `crust images`, `status`, `log-level` and
+//! `check` commands).
 //!
 //! `v1` is what crust implements. `v1alpha2` is wire-compatible with `v1` for
 //! every field the two share, so the daemon serves it by re-routing its

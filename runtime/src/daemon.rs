@@ -317,6 +317,34 @@ pub fn pull_progress_timeout(image: &crate::config::ImageSection) -> Option<std:
 /// inherited by monitors or plugins: close-on-exec).
 fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
     let path = dir.join(RUN_DIR_LOCK);
+    let lock = take_run_dir_lock(dir)?.map_err(|holder| {
+        anyhow::anyhow!(
+            "the run dir {} is in use by another crust daemon (pid {holder}): each daemon \
+             needs its own run_dir",
+            dir.display()
+        )
+    })?;
+    let mut f: &File = &lock;
+    f.set_len(0)
+        .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(lock)
+}
+
+/// Takes the run dir's lock for a tool that must not run beside a daemon
+/// (`crust check` with no daemon), leaving the pid in it alone: `Ok(Err(pid))`
+/// when a daemon holds it, `Ok(Ok(None))` when the run dir does not exist
+/// (no daemon runs on it).
+pub fn hold_run_dir(dir: &Path) -> anyhow::Result<Result<Option<Flock<File>>, String>> {
+    if !dir.is_dir() {
+        return Ok(Ok(None));
+    }
+    Ok(take_run_dir_lock(dir)?.map(Some))
+}
+
+/// The run dir's lock, or the pid the daemon holding it wrote.
+fn take_run_dir_lock(dir: &Path) -> anyhow::Result<Result<Flock<File>, String>> {
+    let path = dir.join(RUN_DIR_LOCK);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -327,22 +355,11 @@ fn lock_run_dir(dir: &Path) -> anyhow::Result<Flock<File>> {
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => {
-            let mut f: &File = &lock;
-            f.set_len(0)
-                .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
-                .with_context(|| format!("writing {}", path.display()))?;
-            Ok(lock)
-        }
+        Ok(lock) => Ok(Ok(lock)),
         Err((file, Errno::EWOULDBLOCK)) => {
             let mut holder = String::new();
             let _ = (&file).take(32).read_to_string(&mut holder);
-            anyhow::bail!(
-                "the run dir {} is in use by another crust daemon (pid {}): each daemon \
-                 needs its own run_dir",
-                dir.display(),
-                holder.trim()
-            )
+            Ok(Err(holder.trim().to_string()))
         }
         Err((_, e)) => Err(e).with_context(|| format!("locking {}", path.display())),
     }

@@ -45,6 +45,12 @@ impl<R: Clone> Entry<R> {
 
     /// The exclusive right to change this entry's life cycle, if no one
     /// holds it now.
+    /// Whether a life-cycle step holds the entry now (`crust check` does
+    /// not take a record for an orphan while a step is changing it).
+    pub fn is_busy(&self) -> bool {
+        self.op.try_lock().is_err()
+    }
+
     pub fn try_lock(self: &Arc<Self>) -> Option<Op<R>> {
         Some(Op {
             entry: self.clone(),

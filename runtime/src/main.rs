@@ -35,6 +35,7 @@
 //!                      slices, container cgroups and scopes, unified keys
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
 //! metrics.rs           what the metrics RPCs read: cgroups, pod netns, layers
+//! check/               `crust check`: what nothing references, and its repair
 //! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
 //! quote.rs             bounded quoting of client input in messages
@@ -45,6 +46,7 @@
 mod api_version;
 mod authority;
 mod cgroups;
+mod check;
 mod cli;
 mod clock;
 mod config;
@@ -110,6 +112,9 @@ enum Command {
     Status(cli::status::StatusArgs),
     /// Show or change the running daemon's log level (changing: root only).
     LogLevel(cli::log_level::LogLevelArgs),
+    /// Find (and with --repair remove) what nothing references: image
+    /// content, container and pod dirs, mounts, monitors, cgroups, records.
+    Check(cli::check::CheckArgs),
     /// Make the running daemon read its config file again (as SIGHUP does)
     /// and show what it applied and what needs a restart (root only).
     Reload(cli::reload::ReloadArgs),
@@ -201,6 +206,7 @@ fn main() -> ExitCode {
         Command::Images(args) => cli::images::run(args),
         Command::Status(args) => cli::status::run(args),
         Command::LogLevel(args) => cli::log_level::run(args),
+        Command::Check(args) => cli::check::run(args),
         Command::Reload(args) => cli::reload::run(args),
         Command::Config {
             command: ConfigCommand::Default,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use crust_api::admin::v1::daemon_server::DaemonServer;
 use crust_api::admin::v1::images_server::ImagesServer;
+use crust_api::admin::v1::orphans_server::OrphansServer;
 use crust_api::v1::image_service_server::ImageServiceServer;
 use crust_api::v1::runtime_service_server::RuntimeServiceServer;
 use sd_notify::NotifyState;
@@ -62,6 +63,7 @@ pub async fn serve(
         })
     });
     start_streaming(&daemon).await?;
+    crate::check::spawn_periodic(&daemon);
     crate::idle::spawn_idle_trim();
     // Handlers first: whoever sees the socket may signal at once, and a
     // SIGTERM before the handler exists would kill the daemon uncleanly.
@@ -102,6 +104,7 @@ pub async fn serve(
         // crust's private admin API (`crust images`, `status`,
         // `log-level`), on the same socket.
         .add_service(ImagesServer::new(admin.clone()))
+        .add_service(OrphansServer::new(admin.clone()))
         .add_service(DaemonServer::new(admin))
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;

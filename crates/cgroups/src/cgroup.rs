@@ -69,6 +69,21 @@ impl<'a> Cgroup<'a> {
             .any(|m| matches!(self.fs.open_existing(m, &self.path), Ok(Some(_))))
     }
 
+    /// The names of the cgroups right below this one, in any hierarchy
+    /// (sorted, each once); none when it does not exist.
+    pub fn children(&self) -> Result<Vec<String>> {
+        let mut names = std::collections::BTreeSet::new();
+        for mount in self.fs.all_mounts() {
+            if let Some(dir) = self.open(mount)? {
+                let subdirs = dir
+                    .subdirs()
+                    .map_err(Error::io("list cgroup", self.path.under(mount)))?;
+                names.extend(subdirs);
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
     /// Creates a cgroup that will hold processes (a container's, the pause
     /// process's), with missing ancestors: on v1 in every controller
     /// hierarchy (cpuset ones get their parent's CPUs and nodes), on v2
@@ -958,6 +973,20 @@ mod tests {
                 u
             }),
         )
+    }
+
+    #[test]
+    fn children_are_listed_once_across_hierarchies() {
+        let root = tempfile::tempdir().unwrap();
+        let fs = v1_fs(root.path());
+        let pod = fs.cgroup(CgroupPath::parse("/crust/pod1").unwrap());
+        assert_eq!(pod.children().unwrap(), Vec::<String>::new());
+        for (m, child) in [("memory", "c1"), ("cpu,cpuacct", "c1"), ("systemd", "c2")] {
+            std::fs::create_dir_all(root.path().join(m).join("crust/pod1").join(child)).unwrap();
+        }
+        // Files are no cgroups.
+        std::fs::write(root.path().join("memory/crust/pod1/cgroup.procs"), "").unwrap();
+        assert_eq!(pod.children().unwrap(), vec!["c1", "c2"]);
     }
 
     #[test]

@@ -35,7 +35,7 @@ impl LayerStore {
             let entry = entry.ctx(|| format!("listing {}", dir.display()))?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with(TMP_PREFIX) || name.starts_with(TRASH_PREFIX) {
+            if is_leftover(&name) {
                 remove_dir(&entry.path())?;
             }
         }
@@ -132,6 +132,12 @@ impl LayerStore {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Whether `name` in the layers dir is an unpack or a deletion a crash
+/// cut short (removed at open).
+pub(crate) fn is_leftover(name: &str) -> bool {
+    name.starts_with(TMP_PREFIX) || name.starts_with(TRASH_PREFIX)
 }
 
 /// std's remove_dir_all does not follow symlinks (CVE-2022-21658 fixed).

@@ -16,6 +16,7 @@ pub mod index;
 mod keyed;
 pub mod layers;
 pub mod manifest;
+pub mod orphans;
 pub mod reference;
 pub mod registry;
 mod service;
@@ -28,6 +29,7 @@ pub use digest::Digest;
 pub use error::{Error, ErrorKind, Result};
 pub use index::{Image, Lease};
 pub use manifest::{ImageConfig, Platform};
+pub use orphans::{ContentKind, OrphanContent};
 pub use reference::Reference;
 pub use registry::{Credentials, Progress, ProgressFn};
 pub use service::{

@@ -33,6 +33,7 @@ use crate::layers::{LayerStore, remove_dir};
 use crate::manifest::{
     self, Descriptor, Document, MAX_CONFIG_BYTES, MAX_INDEX_DEPTH, MAX_MANIFEST_BYTES, Manifest,
 };
+use crate::orphans::{ContentKind, OrphanContent, measured, unreferenced};
 use crate::reference::Reference;
 use crate::registry::{Credentials, ProgressFn, Remote};
 use crate::usage::{FsUsage, usage};
@@ -670,44 +671,122 @@ impl ImageService {
     }
 
     async fn gc_locked(&self) -> Result<()> {
+        self.collect_locked(false).await.map(drop)
+    }
+
+    /// What nothing references and no operation in flight pins now (what
+    /// GC would remove), with the bytes each takes (`crust check`); with
+    /// `remove`, removes it too, as GC does.
+    pub async fn orphans(&self, remove: bool) -> Result<Vec<OrphanContent>> {
+        let index = self.inner.index_lock.lock().await;
+        if remove {
+            return self.collect_locked(true).await;
+        }
         let images = self.list()?;
         let leases = Leases::load(&self.inner.store)?;
-        let keep_blobs: HashSet<&Digest> = images.iter().flat_map(|i| &i.blobs).collect();
-        let keep_layers: HashSet<&Digest> = images
-            .iter()
-            .flat_map(|i| &i.chain_ids)
-            .chain(leases.by_container.values().flat_map(|l| &l.chain_ids))
-            .collect();
-        let mut trash = Vec::new();
-        let landed = self.inner.content.exclusive().await;
-        for d in self.inner.content.list()? {
-            if keep_blobs.contains(&d) {
-                continue;
-            }
+        let (blobs, layers) = unreferenced(
+            &images,
+            leases.by_container.values(),
+            self.inner.content.list()?,
+            self.inner.layers.list()?,
+        );
+        let mut found = Vec::new();
+        {
             let pins = self.inner.pins.guard();
-            if !pins.is_pinned(&blob_key(&d)) {
-                self.inner.content.remove(&d)?;
+            for d in blobs {
+                if !pins.is_pinned(&blob_key(&d)) {
+                    found.push((
+                        ContentKind::Blob,
+                        d.to_string(),
+                        self.inner.content.path(&d),
+                    ));
+                }
+            }
+            for c in layers {
+                if !pins.is_pinned(&layer_key(&c)) {
+                    let path = self.inner.layers.dir().join(c.hex());
+                    found.push((ContentKind::Layer, c.to_string(), path));
+                }
             }
         }
-        drop(landed);
-        for c in self.inner.layers.list()? {
-            if keep_layers.contains(&c) {
+        // Measured without the lock: walking big layers must not hold up
+        // pulls and container creations. What went meanwhile is no orphan.
+        drop(index);
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for (kind, name, path) in found {
+                if std::fs::symlink_metadata(&path).is_ok() {
+                    out.push(measured(kind, name, path)?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("measuring orphans: {e}")))?
+    }
+
+    /// Removes the blobs and layers nothing references and nothing pins;
+    /// returns them, with their bytes if `measure`. The caller holds the
+    /// index lock.
+    async fn collect_locked(&self, measure: bool) -> Result<Vec<OrphanContent>> {
+        let images = self.list()?;
+        let leases = Leases::load(&self.inner.store)?;
+        let mut out = Vec::new();
+        let landed = self.inner.content.exclusive().await;
+        let (blobs, _) = unreferenced(
+            &images,
+            leases.by_container.values(),
+            self.inner.content.list()?,
+            vec![],
+        );
+        for d in blobs {
+            let pins = self.inner.pins.guard();
+            if pins.is_pinned(&blob_key(&d)) {
                 continue;
             }
+            if measure {
+                out.push(measured(
+                    ContentKind::Blob,
+                    d.to_string(),
+                    self.inner.content.path(&d),
+                )?);
+            }
+            self.inner.content.remove(&d)?;
+        }
+        drop(landed);
+        let (_, layers) = unreferenced(
+            &images,
+            leases.by_container.values(),
+            vec![],
+            self.inner.layers.list()?,
+        );
+        let mut trash = Vec::new();
+        for c in layers {
             let pins = self.inner.pins.guard();
             if !pins.is_pinned(&layer_key(&c))
                 && let Some(t) = self.inner.layers.trash(&c)?
             {
-                trash.push(t);
+                trash.push((c, t));
             }
         }
-        if !trash.is_empty() {
-            tracing::debug!(layers = trash.len(), "removing unused layers");
-            tokio::task::spawn_blocking(move || trash.iter().try_for_each(|t| remove_dir(t)))
-                .await
-                .map_err(|e| Error::Internal(format!("gc task: {e}")))??;
+        if trash.is_empty() {
+            return Ok(out);
         }
-        Ok(())
+        tracing::debug!(layers = trash.len(), "removing unused layers");
+        let dir = self.inner.layers.dir().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            for (chain, t) in trash {
+                if measure {
+                    let mut o = measured(ContentKind::Layer, chain.to_string(), t.clone())?;
+                    o.path = dir.join(chain.hex());
+                    out.push(o);
+                }
+                remove_dir(&t)?;
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("gc task: {e}")))?
     }
 
     /// Installs an image whose documents and blobs are already in the
@@ -858,6 +937,7 @@ mod tests {
         send(svc.release("c"));
         send(svc.fs_usage());
         send(svc.gc());
+        send(svc.orphans(true));
         send(svc.import(Path::new("x")));
     }
 

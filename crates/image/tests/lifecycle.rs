@@ -274,3 +274,48 @@ async fn hostile_archives_are_refused() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidContent, "{err}");
 }
+
+/// A pull that fails for want of a layer (the registry lost it: not bad
+/// content, so nothing is collected at once) leaves its documents and the
+/// layers it got; `orphans` reports them with their bytes and leaves them,
+/// `orphans(true)` removes them, and what images use stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_pull_leaves_orphans_that_orphans_reports_and_removes() {
+    use crust_image::ContentKind;
+    let reg = Registry::start();
+    let (a, b) = two_images(&reg).await;
+    let s = store().await;
+    let ra = format!("{}/gc/a:latest", reg.host);
+    s.svc.pull(&ra, &anon()).await.unwrap();
+    assert!(s.svc.orphans(false).await.unwrap().is_empty());
+
+    // b's own layer is gone from the registry: its pull fails.
+    std::fs::remove_file(reg.blob_data_path(&b.layers[1].digest())).unwrap();
+    let rb = format!("{}/gc/b:latest", reg.host);
+    let err = s.svc.pull(&rb, &anon()).await.unwrap_err();
+    assert_ne!(err.kind(), ErrorKind::InvalidContent, "{err}");
+    let found = s.svc.orphans(false).await.unwrap();
+    let blobs: Vec<&str> = found
+        .iter()
+        .filter(|o| o.kind == ContentKind::Blob)
+        .map(|o| o.name.as_str())
+        .collect();
+    // At least b's manifest and config (fetched before any layer).
+    for want in [b.manifest_digest(), b.id()] {
+        assert!(blobs.contains(&want.as_str()), "{want} not in {found:?}");
+    }
+    assert!(found.iter().all(|o| o.bytes > 0), "{found:?}");
+    assert!(found.iter().all(|o| o.path.exists()), "{found:?}");
+    // Reporting changed nothing; a's content is no orphan.
+    assert_eq!(s.svc.orphans(false).await.unwrap(), found);
+    assert!(!blobs.contains(&a.manifest_digest().as_str()));
+
+    let removed = s.svc.orphans(true).await.unwrap();
+    assert_eq!(removed.len(), found.len(), "{removed:?}");
+    assert!(removed.iter().all(|o| !o.path.exists()), "{removed:?}");
+    assert!(s.svc.orphans(false).await.unwrap().is_empty());
+    // a is whole: 1 manifest + 1 config + 2 layers, 2 unpacked layers.
+    assert_eq!(s.blobs().len(), 4, "{:?}", s.blobs());
+    assert_eq!(s.layers().len(), 2, "{:?}", s.layers());
+    s.svc.lease("c1", &ra).await.unwrap();
+}

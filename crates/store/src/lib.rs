@@ -90,6 +90,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// Another process has the database open (a running daemon).
+    pub fn is_in_use(&self) -> bool {
+        matches!(
+            self,
+            Error::Open {
+                source: redb::DatabaseError::DatabaseAlreadyOpen,
+                ..
+            }
+        )
+    }
+
     /// An I/O error of the file (or redb's refusal after one): the
     /// database must be reopened.
     fn is_io(&self) -> bool {
@@ -411,6 +422,17 @@ mod tests {
         assert!(store.delete::<Hold>("a").unwrap());
         assert_eq!(store.list::<Pod>().unwrap(), vec![pod("a")]);
         assert_eq!(Kind::Lease.name(), "leases");
+    }
+
+    #[test]
+    fn a_database_open_elsewhere_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        let _first = Store::open(&path).unwrap();
+        let Err(e) = Store::open(&path) else {
+            panic!("opened twice")
+        };
+        assert!(e.is_in_use(), "{e}");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The operator commands of the `crust` binary that talk to a running
 //! daemon over its socket (the daemon holds the metadata store's lock, so
-//! these never open the store themselves).
+//! these never open the store themselves; `crust check` does, when no
+//! daemon runs).
 
+pub mod check;
 pub mod images;
 pub mod log_level;
 pub mod reload;

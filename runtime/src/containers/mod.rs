@@ -208,6 +208,12 @@ impl Containers {
             .collect()
     }
 
+    /// Whether a life-cycle step (start, stop, remove, update...) is at
+    /// work on the container `id` now.
+    pub fn in_step(&self, id: &str) -> bool {
+        matches!(self.index.resolve(id), Ok(Some(e)) if e.is_busy())
+    }
+
     /// The runc-style spec of a container, for verbose status.
     pub fn runtime_spec(&self, rec: &ContainerRecord) -> serde_json::Value {
         self.host.read_spec(&rec.bundle)

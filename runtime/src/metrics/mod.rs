@@ -26,7 +26,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
@@ -120,6 +120,8 @@ pub struct Metrics {
     cni_seconds: HistogramFamily<CniLabels>,
     reloads: Family<ResultLabels, Counter>,
     node: Arc<NodeCollector>,
+    orphaned_bytes: Family<KindLabels, Gauge>,
+    orphans: Family<KindLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -192,6 +194,19 @@ impl Metrics {
         );
         let node = Arc::new(NodeCollector::default());
         registry.register_collector(Box::new(node.clone()));
+        let orphaned_bytes = Family::<KindLabels, Gauge>::default();
+        registry.register_with_unit(
+            "crust_orphaned",
+            "Bytes on disk that nothing references, by kind, as the last `crust check` left them",
+            Unit::Bytes,
+            orphaned_bytes.clone(),
+        );
+        let orphans = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "crust_orphans",
+            "Things nothing references (files, mounts, processes, cgroups, records), by kind, as the last `crust check` left them",
+            orphans.clone(),
+        );
         registry.register(
             "crust_build",
             "The crust build",
@@ -233,6 +248,21 @@ impl Metrics {
             cni_seconds,
             reloads,
             node,
+            orphaned_bytes,
+            orphans,
+        }
+    }
+
+    /// What the last `crust check` left, by kind: (kind, count, bytes).
+    pub fn orphans(&self, by_kind: &[(&'static str, u64, u64)]) {
+        for &(kind, count, bytes) in by_kind {
+            let labels = KindLabels { kind };
+            self.orphans
+                .get_or_create(&labels)
+                .set(count.try_into().unwrap_or(i64::MAX));
+            self.orphaned_bytes
+                .get_or_create(&labels)
+                .set(bytes.try_into().unwrap_or(i64::MAX));
         }
     }
 
@@ -542,6 +572,7 @@ mod tests {
         m.image_pull(true, 1000, Duration::from_millis(300));
         m.image_pull(false, 10, Duration::from_millis(50));
         m.cni_operation(true, true, Duration::from_millis(20));
+        m.orphans(&[("image_blobs", 2, 12345)]);
         m.config_reload(false);
         m.set_node_counts(Box::new(|| NodeCounts {
             pods: vec![("ready", 2), ("notready", 0)],
@@ -563,6 +594,8 @@ mod tests {
             "crust_containers{state=\"running\"} 3",
             "crust_monitors 3",
             "crust_streaming_sessions{kind=\"exec\"} 1",
+            "crust_orphaned_bytes{kind=\"image_blobs\"} 12345",
+            "crust_orphans{kind=\"image_blobs\"} 2",
             "crust_build_info{version=\"",
             "process_resident_memory_bytes ",
             "process_open_fds ",

@@ -169,6 +169,11 @@ impl Pods {
         Ok((!op.is_removed()).then_some(op))
     }
 
+    /// Whether a step (stop, remove) is at work on the pod `id` now.
+    pub fn in_step(&self, id: &str) -> bool {
+        matches!(self.index.resolve(id), Ok(Some(e)) if e.is_busy())
+    }
+
     /// What the pod's own processes (the pause process) and its
     /// containers share: its namespaces and its cgroup parent.
     pub fn oci_facts(&self, rec: &PodRecord) -> crust_oci::PodFacts {

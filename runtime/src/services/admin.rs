@@ -1,7 +1,8 @@
 //! crust's private admin API on the CRI socket (as private as the CRI is):
 //! `crust.admin.v1.Images` for the `crust images` commands, what CRI
 //! cannot carry (pull progress, offline import, prune); the operator's
-//! `crust.admin.v1.Daemon` is in `operator`.
+//! `crust.admin.v1.Daemon` is in `operator`, `crust.admin.v1.Orphans`
+//! (`crust check`) in `check`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -6,6 +6,7 @@
 
 mod admin;
 pub(crate) mod bounds;
+mod check;
 mod container;
 mod events;
 mod image;
@@ -28,6 +29,7 @@ use crate::daemon::Daemon;
 use crate::pods::PodError;
 
 pub use admin::{Admin, Operator};
+pub use check::response as check_response;
 
 /// Implements both `RuntimeService` and `ImageService` of CRI v1.
 #[derive(Clone)]
