@@ -26,7 +26,8 @@
 //!
 //! For image layers and crust's own files: [`fs`] (fd-relative, never
 //! following a symlink); for containers' CRI logs below a pod's log
-//! directory: [`log_file`].
+//! directory: [`log_file`]; for removing a container's or pod's dirs
+//! without reaching into a mount left inside: [`remove_tree`].
 //!
 //! For the daemon's short-lived helpers (CNI plugins): [`spawn`] (children
 //! that die with the daemon).
@@ -54,6 +55,7 @@ pub mod poll;
 pub mod process;
 pub mod procstats;
 pub mod proctree;
+pub mod remove_tree;
 pub mod retry;
 pub mod rootfs;
 pub mod sealed;

@@ -148,17 +148,9 @@ impl NodeView for RealNode {
     }
 
     fn remove_tree(&self, path: &Path) -> Result<(), String> {
-        let mounts = self
-            .mount_points()
-            .map_err(|e| format!("reading mounts: {e}"))?;
-        if let Some(m) = mounts.iter().find(|m| m.starts_with(path)) {
-            return Err(format!("{} is still mounted", m.display()));
-        }
-        match std::fs::remove_dir_all(path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(format!("removing {}: {e}", path.display())),
-        }
+        // Refused (EBUSY) at a mount left inside, its contents kept.
+        crust_linux::remove_tree::remove_tree(path)
+            .map_err(|e| format!("removing {}: {e}", path.display()))
     }
 
     fn kill_monitor(&self, pid: i32, state_dir: &Path) -> Result<(), String> {

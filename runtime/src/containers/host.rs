@@ -469,9 +469,7 @@ impl ContainerHost for RealContainerHost {
         match &rec.runtime {
             RuntimeConfig::Embedded { root, .. } => {
                 let dir = root.join(&rec.id);
-                if dir.exists() {
-                    let _ = std::fs::remove_dir_all(dir);
-                }
+                let _ = crust_linux::remove_tree::remove_tree(&dir);
             }
             RuntimeConfig::Cli { path, root, .. } => {
                 if root.join(&rec.id).exists() {
@@ -632,15 +630,10 @@ impl ContainerHost for RealContainerHost {
     }
 
     fn remove_tree(&self, dir: &Path) -> Result<(), ContainerError> {
-        // A dir still mounted on is refused by the kernel (EBUSY).
-        match std::fs::remove_dir_all(dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(ContainerError::Internal(format!(
-                "removing {}: {e}",
-                dir.display()
-            ))),
-        }
+        // Never through a mount left inside (the rootfs, an image volume
+        // whose unmount failed): refused with EBUSY, its contents kept.
+        crust_linux::remove_tree::remove_tree(dir)
+            .map_err(|e| ContainerError::Internal(format!("removing {}: {e}", dir.display())))
     }
 
     fn read_spec(&self, bundle: &Path) -> Value {

@@ -404,7 +404,8 @@ impl PodHost for RealPodHost {
     }
 
     fn remove_tree(&self, dir: &Path) -> Result<(), PodError> {
-        not_found_is_ok(std::fs::remove_dir_all(dir), dir)
+        // Never through a mount left inside (a pinned namespace, /dev/shm).
+        not_found_is_ok(crust_linux::remove_tree::remove_tree(dir), dir)
     }
 
     fn remove_empty_dir(&self, dir: &Path) -> Result<(), PodError> {

@@ -202,13 +202,9 @@ pub async fn stop(rec: &PodRecord) -> Result<(), PodError> {
             .kill_and_reap(KILL_WAIT, Duration::from_millis(10))
             .await;
     }
-    crate::tasks::blocking(move || match std::fs::remove_dir_all(&state_dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(PodError::Internal(format!(
-            "removing {}: {e}",
-            state_dir.display()
-        ))),
+    crate::tasks::blocking(move || {
+        crust_linux::remove_tree::remove_tree(&state_dir)
+            .map_err(|e| PodError::Internal(format!("removing {}: {e}", state_dir.display())))
     })
     .await
 }
