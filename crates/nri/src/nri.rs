@@ -95,6 +95,30 @@ enum State {
     Stopped,
 }
 
+/// Whose turn it is to tell plugins a container stopped.
+enum StopTurn {
+    /// This call's: done when the guard is dropped.
+    Mine(StopInFlight),
+    /// Another call's, still at it: closed when it is done.
+    InFlight(tokio::sync::watch::Receiver<()>),
+    /// Told already (or never created for plugins).
+    Told,
+}
+
+/// A container's StopContainer being told; dropping it (the telling done,
+/// or failed, or cancelled) releases whoever waits for it.
+struct StopInFlight {
+    inner: Arc<Inner>,
+    id: String,
+    _tx: tokio::sync::watch::Sender<()>,
+}
+
+impl Drop for StopInFlight {
+    fn drop(&mut self) {
+        self.inner.stops_in_flight.lock().unwrap().remove(&self.id);
+    }
+}
+
 struct Inner {
     config: Config,
     /// `plugin_registration_timeout` and `plugin_request_timeout` in force,
@@ -109,6 +133,11 @@ struct Inner {
     registering: Mutex<HashSet<String>>,
     sync_lock: Arc<tokio::sync::RwLock<()>>,
     states: Mutex<HashMap<String, State>>,
+    /// Containers whose StopContainer is being told to plugins now: a
+    /// second stop (the exit watcher and StopPodSandbox race for it) waits
+    /// until the receiver closes, so that nothing the runtime tells plugins
+    /// after the stop (StopPodSandbox, RemoveContainer) overtakes it.
+    stops_in_flight: Mutex<HashMap<String, tokio::sync::watch::Receiver<()>>>,
     next_id: AtomicU64,
     listener: Mutex<Option<(tokio::task::JoinHandle<()>, PathBuf)>>,
 }
@@ -155,6 +184,7 @@ impl Nri {
             registering: Mutex::new(HashSet::new()),
             sync_lock: Arc::new(tokio::sync::RwLock::new(())),
             states: Mutex::new(HashMap::new()),
+            stops_in_flight: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             listener: Mutex::new(None),
         });
@@ -594,10 +624,15 @@ impl Nri {
             return Ok(Vec::new());
         };
         let (pod, c) = req();
-        if !inner.begin_stop(&c.id) {
-            return Ok(Vec::new());
+        match inner.begin_stop_container(&c.id) {
+            StopTurn::Mine(_told_when_dropped) => inner.stop_container(&plugins, pod, c).await,
+            StopTurn::InFlight(mut told) => {
+                // Closed (Err) once the other stop is done.
+                let _ = told.changed().await;
+                Ok(Vec::new())
+            }
+            StopTurn::Told => Ok(Vec::new()),
         }
-        inner.stop_container(&plugins, pod, c).await
     }
 
     /// A container exited on its own: plugins get StopContainer (once; a
@@ -632,6 +667,7 @@ impl Nri {
             return Ok(());
         };
         let (pod, c) = req();
+        inner.stopped_container(&c.id).await;
         let Some(was) = inner.begin_remove(&c.id) else {
             return Ok(());
         };
@@ -726,6 +762,33 @@ impl Inner {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// [`Inner::begin_stop`] for a container, telling apart a stop some
+    /// other call is telling plugins of right now.
+    fn begin_stop_container(self: &Arc<Self>, id: &str) -> StopTurn {
+        let mut in_flight = self.stops_in_flight.lock().unwrap();
+        if let Some(told) = in_flight.get(id) {
+            return StopTurn::InFlight(told.clone());
+        }
+        if !self.begin_stop(id) {
+            return StopTurn::Told;
+        }
+        let (tx, rx) = tokio::sync::watch::channel(());
+        in_flight.insert(id.to_string(), rx);
+        StopTurn::Mine(StopInFlight {
+            inner: self.clone(),
+            id: id.to_string(),
+            _tx: tx,
+        })
+    }
+
+    /// Waits until no call is telling plugins of container `id`'s stop.
+    async fn stopped_container(&self, id: &str) {
+        let told = self.stops_in_flight.lock().unwrap().get(id).cloned();
+        if let Some(mut told) = told {
+            let _ = told.changed().await;
         }
     }
 

@@ -27,6 +27,8 @@ pub enum Action {
     Fail(String),
     /// Never answer.
     Hang,
+    /// Answer normally, this long after the request came.
+    Delay(Duration),
     /// Drop the connection instead of answering.
     Disconnect,
     /// Answer Unimplemented (as a plugin built against an older NRI).
@@ -416,6 +418,7 @@ impl State {
             Action::Answer | Action::Unimplemented => {}
             Action::Fail(msg) => return Err(Status::new(Code::Unknown, msg)),
             Action::Hang => std::future::pending::<()>().await,
+            Action::Delay(d) => tokio::time::sleep(d).await,
             Action::Disconnect => {
                 if let Some(c) = self.conn.get() {
                     c.close();

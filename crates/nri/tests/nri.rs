@@ -373,6 +373,64 @@ async fn exit_notification_stops_once() {
     );
 }
 
+/// The exit watcher and StopPodSandbox race to tell a container's stop:
+/// the loser waits until the winner's StopContainer is answered, so that
+/// StopPodSandbox never overtakes it (it did: a flaky order in the
+/// daemon's NRI test).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_told_by_another_call_is_waited_for() {
+    let env = start().await;
+    // Below the request timeout (500 ms), or the plugin is dropped.
+    const DELAY: Duration = Duration::from_millis(250);
+    let behaviour = Behaviour {
+        actions: [("StopContainer".to_string(), Action::Delay(DELAY))].into(),
+        ..Behaviour::default()
+    };
+    let p = plugin(&env, "test", "10", behaviour).await;
+    let (pd, c) = (pod("p1"), ctr("c1", "p1"));
+    env.nri.run_pod_sandbox(|| pd.clone()).await.unwrap();
+    env.nri
+        .create_container(|| (pd.clone(), c.clone()))
+        .await
+        .unwrap();
+    env.nri
+        .start_container(|| (pd.clone(), c.clone()))
+        .await
+        .unwrap();
+    let exit = {
+        let (nri, pd, c) = (env.nri.clone(), pd.clone(), c.clone());
+        tokio::spawn(async move { nri.notify_container_exit(|| (pd, c)).await })
+    };
+    // The exit watcher's StopContainer is at the plugin now.
+    let received = Instant::now();
+    while !names(&p.events()).contains(&"StopContainer") {
+        assert!(received.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seen = Instant::now();
+    env.nri
+        .stop_container(|| (pd.clone(), c.clone()))
+        .await
+        .unwrap();
+    let waited = seen.elapsed();
+    assert!(
+        exit.is_finished() || waited >= DELAY / 3,
+        "returned after {waited:?}, while the other stop was still being told"
+    );
+    exit.await.unwrap();
+    env.nri.stop_pod_sandbox(|| pd.clone()).await.unwrap();
+    assert_eq!(
+        names(&p.events()),
+        [
+            "RunPodSandbox",
+            "CreateContainer",
+            "StartContainer",
+            "StopContainer",
+            "StopPodSandbox"
+        ]
+    );
+}
+
 fn adjustment_a() -> ContainerAdjustment {
     ContainerAdjustment {
         env: vec![KeyValue::new("FROM_A", "1")],
