@@ -29,7 +29,7 @@ RUN_ARGS ?=
 # Debian packages: what the daemon uses at run time, and what tests add.
 RUN_PACKAGES := runc crun containernetworking-plugins iptables iproute2 libseccomp2
 BUILD_PACKAGES := build-essential pkg-config libseccomp-dev
-TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static python3-venv
+TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static python3-venv criu
 # PyPI packages of the tests' independent peers (a grpc-core client, the
 # Prometheus project's own text parser), in a venv under target/.
 TEST_VENV := target/test-venv

@@ -47,6 +47,8 @@ pub struct Config {
     /// least 8192. Set it well above kubelet's `containerLogMaxSize`
     /// (e.g. 4 times): kubelet checks sizes only every 10 s.
     pub log_size_max: u64,
+    /// CheckpointContainer with CRIU.
+    pub checkpoint: crate::checkpoint::CheckpointConfig,
 }
 
 /// The smallest `log_size_max` (a few lines and the notice).
@@ -206,6 +208,7 @@ impl Default for Config {
             nri: crust_nri::Config::default(),
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             log_size_max: 0,
+            checkpoint: Default::default(),
         }
     }
 }

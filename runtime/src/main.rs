@@ -44,6 +44,7 @@
 mod api_version;
 mod authority;
 mod cgroups;
+mod checkpoint;
 mod cli;
 mod clock;
 mod config;
