@@ -11,7 +11,7 @@ use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
 use crust_test_support::{
     Daemon, DaemonBuilder, Pod, WithImage, container_config, container_status, daemon_with_image,
-    host_network_pod, run_container, run_crust, run_pod, skipped,
+    exec_sync, host_network_pod, patience, run_container, run_crust, run_pod, skipped,
 };
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -19,7 +19,7 @@ type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
 const HANDLERS: [&str; 2] = ["", "runc"];
 
 fn test_image() -> TestImage {
-    let layer = busybox_with(&["sh", "sleep", "echo", "cat", "true"])
+    let layer = busybox_with(&["sh", "sleep", "echo", "cat", "true", "rm"])
         .dir("tmp/")
         .finish();
     one_layer_image(&layer, &["sleep", "1000"])
@@ -204,4 +204,136 @@ async fn checkpoint_bad_requests_are_clear_errors() {
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().len() <= 1024);
     e.assert_running(&id).await;
+}
+
+/// The container's counter (a shell variable, written out every 0.2 s).
+async fn count(e: &mut Env, id: &str) -> u64 {
+    let (code, out, err) = exec_sync(&mut e.rt, id, &["cat", "/tmp/count"], 20).await;
+    assert_eq!(code, 0, "{out}{err}");
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("count {out:?}"))
+}
+
+/// The archive's entries: path -> bytes of the regular files.
+fn entries(tar_bytes: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut a = tar::Archive::new(tar_bytes);
+    let mut out = std::collections::BTreeMap::new();
+    for entry in a.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().display().to_string();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+        out.insert(path.trim_end_matches('/').to_string(), data);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn checkpoint_a_running_container_keeps_it_running() {
+    let mut e = env(Daemon::builder()).await;
+    let info = e.checkpoint_info().await;
+    if info["available"] != true {
+        skipped(&format!(
+            "checkpointing is not available here: {}",
+            info["reason"].as_str().unwrap_or("?")
+        ));
+        return;
+    }
+    let mut pod_config = host_network_pod("ckpt", "crust-test");
+    pod_config.log_directory = e.dir.path().join("ckpt").display().to_string();
+    let pod = run_pod(&mut e.rt, pod_config, "runc").await;
+    let mut config = container_config("c", &e.image);
+    config.command = vec!["sh".into(), "-c".into()];
+    config.args = vec![
+        "echo in-layer > /tmp/file-in-layer; rm /bin/true; echo started; \
+         i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+            .into(),
+    ];
+    let id = run_container(&mut e.rt, &pod, config).await;
+    let deadline = std::time::Instant::now() + patience(std::time::Duration::from_secs(10));
+    while exec_sync(&mut e.rt, &id, &["cat", "/tmp/count"], 20)
+        .await
+        .0
+        != 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the counter never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let before = count(&mut e, &id).await;
+
+    let location = e.dir.path().join("ckpt.tar");
+    e.checkpoint(&id, &location.display().to_string())
+        .await
+        .unwrap_or_else(|err| panic!("CheckpointContainer: {err:?}\n{}", e.d.logs()));
+    let archive = entries(&std::fs::read(&location).unwrap());
+    let names: Vec<&String> = archive.keys().collect();
+    for want in [
+        "config.dump",
+        "spec.dump",
+        "rootfs-diff.tar",
+        "deleted.files",
+        "restore.json",
+        "container.log",
+        "checkpoint/inventory.img",
+    ] {
+        assert!(archive.contains_key(want), "no {want} in {names:?}");
+    }
+    assert!(
+        names.iter().any(|n| n.starts_with("checkpoint/pages-")),
+        "no memory pages in {names:?}"
+    );
+    assert!(!names.iter().any(|n| n.starts_with("work")), "{names:?}");
+    let config: serde_json::Value = serde_json::from_slice(&archive["config.dump"]).unwrap();
+    assert_eq!(config["id"], id.as_str(), "{config}");
+    assert_eq!(config["runtime"], "runc", "{config}");
+    let spec: serde_json::Value = serde_json::from_slice(&archive["spec.dump"]).unwrap();
+    assert!(spec["process"]["args"].is_array(), "{spec}");
+    let deleted: Vec<String> = serde_json::from_slice(&archive["deleted.files"]).unwrap();
+    assert_eq!(deleted, ["/bin/true"]);
+    let diff = entries(&archive["rootfs-diff.tar"]);
+    assert_eq!(
+        diff.get("tmp/file-in-layer").map(Vec::as_slice),
+        Some(&b"in-layer\n"[..]),
+        "{:?}",
+        diff.keys()
+    );
+    assert!(String::from_utf8_lossy(&archive["container.log"]).contains("started"));
+
+    // It kept running, counting on from where it was.
+    e.assert_running(&id).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let after = count(&mut e, &id).await;
+    assert!(after > before, "the counter went from {before} to {after}");
+
+    // A second checkpoint to the same place is refused, the first stays.
+    let err = e
+        .checkpoint(&id, &location.display().to_string())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    // The embedded handler says it cannot yet.
+    let (_pod, embedded) = e.running("ckpt-embedded", "").await;
+    let elsewhere = e.dir.path().join("embedded.tar");
+    let err = e
+        .checkpoint(&embedded, &elsewhere.display().to_string())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    assert!(!elsewhere.exists());
+    // Nothing of the staging is left in the container's layer dir.
+    let layers = e.d.temp_dir().join("root/containers").join(&id);
+    let left: Vec<_> = std::fs::read_dir(&layers)
+        .unwrap()
+        .map(|d| d.unwrap().file_name())
+        .collect();
+    assert!(
+        !left
+            .iter()
+            .any(|n| n.to_string_lossy().starts_with("checkpoint.")),
+        "{left:?}"
+    );
 }

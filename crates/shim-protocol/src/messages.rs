@@ -202,6 +202,12 @@ pub enum Request {
     Resize { width: u16, height: u16 },
     /// Answer when the container has exited (with its [`ExitInfo`]).
     Wait,
+    /// Dump the running container with CRIU into `image_path` (criu's
+    /// logs and scratch files in `work_path`); the container keeps running.
+    Checkpoint {
+        image_path: std::path::PathBuf,
+        work_path: std::path::PathBuf,
+    },
 }
 
 /// The command of an exec or exec-sync.

@@ -90,6 +90,15 @@ pub trait ContainerHost: Send + Sync + 'static {
     async fn wait(&self, state_dir: &Path) -> Result<(), ContainerError>;
     async fn update(&self, state_dir: &Path, resources: &Value) -> Result<(), ContainerError>;
     async fn reopen_log(&self, state_dir: &Path) -> Result<(), ContainerError>;
+    /// CRIU images of the running container into `image_path`, through
+    /// its monitor (which keeps owning the process).
+    async fn checkpoint(
+        &self,
+        state_dir: &Path,
+        image_path: &Path,
+        work_path: &Path,
+        timeout: std::time::Duration,
+    ) -> Result<(), ContainerError>;
     async fn exec_sync(
         &self,
         state_dir: &Path,
@@ -327,6 +336,19 @@ impl ContainerHost for RealContainerHost {
     async fn update(&self, state_dir: &Path, resources: &Value) -> Result<(), ContainerError> {
         connect(state_dir)?
             .update(resources)
+            .await
+            .map_err(ContainerError::from_monitor)
+    }
+
+    async fn checkpoint(
+        &self,
+        state_dir: &Path,
+        image_path: &Path,
+        work_path: &Path,
+        timeout: std::time::Duration,
+    ) -> Result<(), ContainerError> {
+        connect(state_dir)?
+            .checkpoint(image_path, work_path, timeout)
             .await
             .map_err(ContainerError::from_monitor)
     }

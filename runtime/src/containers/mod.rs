@@ -22,6 +22,7 @@
 //!   its image.
 
 mod cdi;
+mod checkpoint;
 mod error;
 pub mod host;
 mod image_names;

@@ -4,9 +4,16 @@
 use crust_api::v1::*;
 use tonic::{Code, Request, Response, Status};
 
-use super::{Cri, bounds, container_error, status};
+use super::{Cri, bounds, container_error, detached, status};
 use crate::checkpoint::Availability;
-use crate::containers::ContainerState as CState;
+use crust_shim_protocol::RuntimeConfig;
+use std::path::Path;
+use std::time::Duration;
+
+/// kubelet's default runtime request timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// A day: a larger timeout is a client's mistake.
+const MAX_TIMEOUT_SECS: i64 = 86_400;
 
 impl Cri {
     pub(super) async fn checkpoint_container_impl(
@@ -41,18 +48,35 @@ impl Cri {
                 format!("checkpointing is not available on this node: {why}"),
             ));
         }
-        if rec.state != CState::Running {
+        if matches!(rec.runtime, RuntimeConfig::Embedded { .. }) {
             return Err(status(
-                Code::FailedPrecondition,
+                Code::Unimplemented,
                 format!(
-                    "container {} is not running: only a running container can be checkpointed",
-                    rec.id
+                    "CheckpointContainer is not implemented by crust yet for the embedded handler \
+                     (container {} runs on handler {:?}); the runc handler checkpoints",
+                    rec.id, rec.handler
                 ),
             ));
         }
-        Err(status(
-            Code::Unimplemented,
-            "CheckpointContainer with criu is not implemented by crust yet",
-        ))
+        // kubelet's timeout is in seconds; 0 means its default (CRI-O and
+        // containerd wait without a bound then; crust takes kubelet's
+        // runtime request timeout).
+        let timeout = match req.timeout {
+            t if t > 0 => Duration::from_secs(t.min(MAX_TIMEOUT_SECS) as u64),
+            _ => DEFAULT_TIMEOUT,
+        };
+        // Detached: a client that goes away must not cut the cleanup of a
+        // half-written checkpoint short.
+        let containers = self.daemon.containers.clone();
+        detached(
+            async move {
+                containers
+                    .checkpoint(&rec.id, Path::new(&req.location), timeout)
+                    .await
+            },
+            container_error,
+        )
+        .await?;
+        Ok(Response::new(CheckpointContainerResponse {}))
     }
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
+use std::path::Path;
 
 use crust_linux::poll::PollFlags;
 use crust_shim_protocol::{
@@ -234,6 +235,12 @@ impl Monitor {
             Request::Update { resources } => {
                 self.container_only().and_then(|_| self.update(&resources))
             }
+            Request::Checkpoint {
+                image_path,
+                work_path,
+            } => self
+                .container_only()
+                .and_then(|_| self.checkpoint(&image_path, &work_path)),
             Request::ReopenLog => self.io.reopen_log().map(|_| Reply::Done),
             Request::Resize { width, height } => self.io.resize(width, height).map(|_| Reply::Done),
             Request::ExecSync(req) => {
@@ -291,6 +298,16 @@ impl Monitor {
             // reaped, so its pid cannot have been reused.
             crust_linux::process::send_signal(self.pid, signal).map_err(Error::io("kill"))?;
         }
+        Ok(Reply::Done)
+    }
+
+    /// Blocks the monitor's loop while criu dumps: the container is frozen
+    /// meanwhile anyway, and its output waits in the pipes.
+    fn checkpoint(&mut self, image_path: &Path, work_path: &Path) -> Result<Reply, Error> {
+        if self.exit.is_some() || self.status != Status::Running {
+            return Err(Error::FailedPrecondition("the container is not running"));
+        }
+        self.runtime.checkpoint(&self.id, image_path, work_path)?;
         Ok(Reply::Done)
     }
 

@@ -200,6 +200,24 @@ impl OciRuntime for CliRuntime {
         super::read_pid_file(opts.pid_file)
     }
 
+    fn checkpoint(&self, id: &str, image_path: &Path, work_path: &Path) -> Result<()> {
+        // runc tells criu itself which namespaces (the pod's pinned ones)
+        // and bind mounts are external, and finds criu in PATH.
+        self.run(
+            "checkpoint",
+            &[
+                "checkpoint".as_ref(),
+                "--leave-running".as_ref(),
+                "--image-path".as_ref(),
+                image_path.as_os_str(),
+                "--work-path".as_ref(),
+                work_path.as_os_str(),
+                id.as_ref(),
+            ],
+        )
+        .map(drop)
+    }
+
     fn update(&self, id: &str, resources: &Path) -> Result<()> {
         self.run(
             "update",

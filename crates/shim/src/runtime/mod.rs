@@ -98,6 +98,9 @@ pub trait OciRuntime {
     fn exec(&self, id: &str, opts: ExecOptions<'_>) -> Result<i32>;
     /// Applies an OCI `LinuxResources` JSON file.
     fn update(&self, id: &str, resources: &Path) -> Result<()>;
+    /// Dumps the running container with CRIU into `image_path`, leaving it
+    /// running (`work_path`: criu's log and scratch files).
+    fn checkpoint(&self, id: &str, image_path: &Path, work_path: &Path) -> Result<()>;
     fn state(&self, id: &str) -> Result<RuntimeState>;
 }
 
