@@ -49,6 +49,61 @@ pub struct Config {
     pub log_size_max: u64,
     /// CheckpointContainer with CRIU.
     pub checkpoint: crate::checkpoint::CheckpointConfig,
+    /// Image pulls: how long a download may stall, how many layers at once.
+    pub image: ImageSection,
+}
+
+/// The `[image]` table: how images are pulled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImageSection {
+    /// A registry request that receives nothing for this long (no answer
+    /// yet, or no byte of a blob) is given up, as containerd's
+    /// `image_pull_progress_timeout`; Go duration syntax, "0" = never.
+    #[serde(with = "duration_text")]
+    pub pull_progress_timeout: std::time::Duration,
+    /// Layers downloaded at once per pull.
+    pub max_concurrent_downloads: usize,
+}
+
+impl Default for ImageSection {
+    fn default() -> Self {
+        ImageSection {
+            pull_progress_timeout: crust_image::DEFAULT_PULL_PROGRESS_TIMEOUT,
+            max_concurrent_downloads: crust_image::DEFAULT_MAX_CONCURRENT_DOWNLOADS,
+        }
+    }
+}
+
+/// The most `image.max_concurrent_downloads`: more connections per pull
+/// than this only burden the registry.
+pub const MAX_CONCURRENT_DOWNLOADS: usize = 64;
+
+/// Durations in Go syntax ("5m", "1m30s", "500ms", "0"), as containerd's
+/// config writes them; printed in the largest whole unit.
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        let secs = d.as_secs();
+        let text = if d.subsec_nanos() != 0 || secs == 0 {
+            crust_nri::config::format_go_duration(*d)
+        } else if secs.is_multiple_of(3600) {
+            format!("{}h", secs / 3600)
+        } else if secs.is_multiple_of(60) {
+            format!("{}m", secs / 60)
+        } else {
+            format!("{secs}s")
+        };
+        s.serialize_str(&text)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        crust_nri::config::parse_go_duration(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 /// The smallest `log_size_max` (a few lines and the notice).
@@ -209,6 +264,7 @@ impl Default for Config {
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             log_size_max: 0,
             checkpoint: Default::default(),
+            image: ImageSection::default(),
         }
     }
 }
@@ -241,6 +297,135 @@ impl LogLevel {
             LogLevel::Trace => "trace",
         }
     }
+}
+
+/// The daemon's command-line flags that set config keys. They win over
+/// the file, at start and at every reload.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub socket: Option<PathBuf>,
+    pub root: Option<PathBuf>,
+    pub run_dir: Option<PathBuf>,
+    pub log_level: Option<LogLevel>,
+    pub log_format: Option<LogFormat>,
+    pub cgroup_driver: Option<CgroupDriver>,
+    pub cni_conf_dir: Option<PathBuf>,
+    pub cni_bin_dirs: Option<Vec<PathBuf>>,
+    /// Only ever turns it on.
+    pub install_default_conflist: bool,
+    pub registry_config_dir: Option<PathBuf>,
+    pub metrics_address: Option<String>,
+    pub nri_socket: Option<PathBuf>,
+}
+
+impl Overrides {
+    /// Puts the flags over `c`.
+    pub fn apply(&self, c: &mut Config) {
+        fn set<T: Clone>(flag: &Option<T>, field: &mut T) {
+            if let Some(v) = flag {
+                *field = v.clone();
+            }
+        }
+        set(&self.socket, &mut c.socket);
+        set(&self.root, &mut c.root);
+        set(&self.run_dir, &mut c.run_dir);
+        set(&self.log_level, &mut c.log_level);
+        set(&self.log_format, &mut c.log_format);
+        set(&self.cgroup_driver, &mut c.cgroup_driver);
+        set(&self.cni_conf_dir, &mut c.network.cni_conf_dir);
+        set(&self.cni_bin_dirs, &mut c.network.cni_bin_dirs);
+        set(&self.registry_config_dir, &mut c.registry.config_dir);
+        if let Some(a) = &self.metrics_address {
+            c.metrics.address = Some(a.clone());
+        }
+        set(&self.nri_socket, &mut c.nri.socket_path);
+        if self.install_default_conflist {
+            c.network.install_default_conflist = true;
+        }
+    }
+
+    /// The config keys (as `config_keys` names them) these flags set.
+    pub fn keys(&self) -> Vec<&'static str> {
+        [
+            (self.socket.is_some(), "socket"),
+            (self.root.is_some(), "root"),
+            (self.run_dir.is_some(), "run_dir"),
+            (self.log_level.is_some(), "log_level"),
+            (self.log_format.is_some(), "log_format"),
+            (self.cgroup_driver.is_some(), "cgroup_driver"),
+            (self.cni_conf_dir.is_some(), "network.cni_conf_dir"),
+            (self.cni_bin_dirs.is_some(), "network.cni_bin_dirs"),
+            (
+                self.install_default_conflist,
+                "network.install_default_conflist",
+            ),
+            (self.registry_config_dir.is_some(), "registry.config_dir"),
+            (self.metrics_address.is_some(), "metrics.address"),
+            (self.nri_socket.is_some(), "nri.socket_path"),
+        ]
+        .into_iter()
+        .filter_map(|(set, key)| set.then_some(key))
+        .collect()
+    }
+}
+
+/// Where the daemon's config comes from: the file, and the flags over it.
+/// Read at start and again at every reload.
+#[derive(Debug, Clone)]
+pub struct ConfigSource {
+    pub path: PathBuf,
+    /// Named with `--config`: it must exist (the default path may not).
+    pub explicit: bool,
+    pub overrides: Overrides,
+}
+
+/// One read of the config file: the file's own values, and the config to
+/// run with (the flags over them, checked).
+pub struct LoadedConfig {
+    pub file: Config,
+    pub config: Config,
+}
+
+impl ConfigSource {
+    /// Reads the file once, puts the flags over it and checks the result.
+    pub fn load(&self) -> Result<LoadedConfig, ConfigError> {
+        let file = Config::load(&self.path, self.explicit)?;
+        let mut config = file.clone();
+        self.overrides.apply(&mut config);
+        config.validate()?;
+        Ok(LoadedConfig { file, config })
+    }
+}
+
+/// A config's values by key (`log_level`, `network.cni_conf_dir`,
+/// `runtimes.<name>`: a handler's table is one value), as TOML text: what
+/// a reload compares.
+pub fn config_keys(c: &Config) -> std::collections::BTreeMap<String, String> {
+    fn walk(
+        prefix: &str,
+        table: &toml::Table,
+        out: &mut std::collections::BTreeMap<String, String>,
+    ) {
+        for (k, v) in table {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                // Nested tables, except a handler's own, are walked.
+                toml::Value::Table(t) if prefix != "runtimes" => walk(&key, t, out),
+                v => {
+                    out.insert(key, v.to_string());
+                }
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    if let Ok(toml::Value::Table(t)) = toml::Value::try_from(c) {
+        walk("", &t, &mut out);
+    }
+    out
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -343,6 +528,13 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "log_size_max must be 0 (no cap) or at least {MIN_LOG_SIZE_MAX}, got {}",
                 self.log_size_max
+            )));
+        }
+        let downloads = self.image.max_concurrent_downloads;
+        if !(1..=MAX_CONCURRENT_DOWNLOADS).contains(&downloads) {
+            return Err(ConfigError::Invalid(format!(
+                "image.max_concurrent_downloads must be 1 to {MAX_CONCURRENT_DOWNLOADS}, got \
+                 {downloads}"
             )));
         }
         if self.socket.file_name().is_none() {
@@ -490,6 +682,53 @@ mod tests {
             .to_string();
         assert!(err.contains("log_size_max"), "{err}");
         assert!(Config::parse("log_size_max = -1\n").is_err());
+    }
+
+    #[test]
+    fn image_section_has_containerds_defaults_and_is_checked() {
+        let text = Config::default_toml();
+        assert!(text.contains("[image]"), "{text}");
+        assert!(text.contains("pull_progress_timeout = \"5m\""), "{text}");
+        assert!(text.contains("max_concurrent_downloads = 3"), "{text}");
+        let c = Config::parse("[image]\npull_progress_timeout = \"0\"\n").unwrap();
+        assert!(c.image.pull_progress_timeout.is_zero());
+        c.validate().unwrap();
+        let c = Config::parse("[image]\npull_progress_timeout = \"1m30s\"\n").unwrap();
+        assert_eq!(
+            c.image.pull_progress_timeout,
+            std::time::Duration::from_secs(90)
+        );
+        assert!(toml::to_string(&c).unwrap().contains("\"90s\""));
+        let err = Config::parse("[image]\npull_progress_timeout = \"soon\"\n").unwrap_err();
+        assert!(err.contains("soon"), "{err}");
+        for bad in [0, MAX_CONCURRENT_DOWNLOADS + 1] {
+            let c = Config::parse(&format!("[image]\nmax_concurrent_downloads = {bad}\n")).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("image.max_concurrent_downloads"), "{err}");
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_name_their_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "log_level = \"warn\"\nroot = \"/file-root\"\n").unwrap();
+        let source = ConfigSource {
+            path: path.clone(),
+            explicit: true,
+            overrides: Overrides {
+                log_level: Some(LogLevel::Debug),
+                ..Overrides::default()
+            },
+        };
+        let loaded = source.load().unwrap();
+        let c = &loaded.config;
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert_eq!(c.root, PathBuf::from("/file-root"));
+        assert_eq!(loaded.file.log_level, LogLevel::Warn);
+        assert_eq!(source.overrides.keys(), ["log_level"]);
+        std::fs::write(&path, "root = \"relative\"\n").unwrap();
+        assert!(source.load().err().unwrap().to_string().contains("root"));
     }
 
     #[test]

@@ -35,7 +35,14 @@ use crate::streaming_backend::Sessions;
 const RUN_DIR_LOCK: &str = "crust.lock";
 
 pub struct Daemon {
+    /// The config the daemon started with. What a reload may not change
+    /// (`crate::reload`: socket, root, cgroup driver, ...) is read here;
+    /// [`Daemon::live_config`] has the reloaded values.
     pub config: Config,
+    /// The config in force: the start's, with reloads applied.
+    live_config: RwLock<Arc<Config>>,
+    /// Starts monitors (a reload changes its `log_size_max`).
+    pub launcher: Launcher,
     /// Shared with the image service (redb opens a file once per process).
     pub store: Arc<Store>,
     pub cgroup_hierarchy: Hierarchy,
@@ -113,6 +120,7 @@ impl Daemon {
         facts.apparmor_default_profile = apparmor.default_profile();
         let handlers = Arc::new(Handlers::detect(&config).await);
 
+        let daemon_launcher = launcher.clone();
         let pod_host = RealPodHost::new(
             open_cni(&config, &network.pod_cidrs)?,
             config.network.cni_conf_dir.clone(),
@@ -174,6 +182,8 @@ impl Daemon {
             checkpoint: Arc::new(crate::checkpoint::Checkpointing::new(
                 config.checkpoint.clone(),
             )),
+            live_config: RwLock::new(Arc::new(config.clone())),
+            launcher: daemon_launcher,
             config,
             store,
             cgroup_hierarchy,
@@ -189,6 +199,19 @@ impl Daemon {
             sessions: Arc::default(),
             _run_dir_lock: run_dir_lock,
         })
+    }
+
+    /// The config in force (the start's, with reloads applied).
+    pub fn live_config(&self) -> Arc<Config> {
+        self.live_config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records what a reload put in force.
+    pub fn set_live_config(&self, config: Config) {
+        *self.live_config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
     }
 
     pub fn pod_cidrs(&self) -> Vec<String> {
@@ -280,9 +303,16 @@ async fn open_images(config: &Config, store: &Arc<Store>) -> anyhow::Result<Imag
     let mut image_config = crust_image::Config::new(&config.root);
     // A missing hosts.toml dir means defaults for every registry.
     image_config.registry_config_dir = Some(config.registry.config_dir.clone());
+    image_config.max_concurrent_downloads = config.image.max_concurrent_downloads;
+    image_config.pull_progress_timeout = pull_progress_timeout(&config.image);
     ImageService::open(image_config, store.clone())
         .await
         .context("opening the image store")
+}
+
+/// `image.pull_progress_timeout` as the image service takes it (0: never).
+pub fn pull_progress_timeout(image: &crate::config::ImageSection) -> Option<std::time::Duration> {
+    Some(image.pull_progress_timeout).filter(|d| !d.is_zero())
 }
 
 /// Takes the run dir for this daemon, as the metadata store's lock takes

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use crust_shim_protocol::RuntimeConfig;
 
@@ -22,9 +23,15 @@ const SEARCH_PATH: &[&str] = &[
 pub const EMBEDDED: &str = "embedded";
 
 /// The runtime handlers of this node, with how the monitor runs each and
-/// what each can do. Fixed at start.
-#[derive(Debug, Clone, Default)]
+/// what each can do. Detected at start and again at a config reload
+/// ([`Handlers::replace`]).
+#[derive(Debug, Default)]
 pub struct Handlers {
+    table: RwLock<Arc<Table>>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Table {
     configs: BTreeMap<String, RuntimeConfig>,
     features: BTreeMap<String, HandlerFeatures>,
 }
@@ -35,7 +42,13 @@ impl Handlers {
     pub async fn detect(config: &Config) -> Handlers {
         let configs = resolve(config);
         let features = detect_features(&configs).await;
-        Handlers { configs, features }
+        Handlers::from_table(Table { configs, features })
+    }
+
+    fn from_table(table: Table) -> Handlers {
+        Handlers {
+            table: RwLock::new(Arc::new(table)),
+        }
     }
 
     /// Handlers given as they are (tests).
@@ -44,23 +57,63 @@ impl Handlers {
         configs: BTreeMap<String, RuntimeConfig>,
         features: BTreeMap<String, HandlerFeatures>,
     ) -> Handlers {
-        Handlers { configs, features }
+        Handlers::from_table(Table { configs, features })
+    }
+
+    fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `new`'s handlers in place of these (a config reload) and says
+    /// which names were added, changed and removed. Containers keep the
+    /// runtime they were created with (their record holds it); only pods
+    /// and containers created from now on see the new table.
+    pub fn replace(&self, new: Handlers) -> HandlerChanges {
+        let new = new.table();
+        let mut slot = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let old = slot.clone();
+        let mut changes = HandlerChanges::default();
+        for (name, rc) in &new.configs {
+            match old.configs.get(name) {
+                None => changes.added.push(name.clone()),
+                Some(was) if was != rc || old.features.get(name) != new.features.get(name) => {
+                    changes.changed.push(name.clone())
+                }
+                Some(_) => {}
+            }
+        }
+        changes.removed = old
+            .configs
+            .keys()
+            .filter(|n| !new.configs.contains_key(*n))
+            .cloned()
+            .collect();
+        *slot = new;
+        changes
     }
 
     /// How the monitor runs the handler `name`; None if there is none.
-    pub fn get(&self, name: &str) -> Option<&RuntimeConfig> {
-        self.configs.get(name)
+    pub fn get(&self, name: &str) -> Option<RuntimeConfig> {
+        self.table().configs.get(name).cloned()
     }
 
     /// Every handler's name, in order.
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.configs.keys()
+    pub fn names(&self) -> Vec<String> {
+        self.table().configs.keys().cloned().collect()
     }
 
     /// What the handler `name` can do (nothing if it is unknown).
     pub fn features(&self, name: &str) -> HandlerFeatures {
-        self.features.get(name).copied().unwrap_or_default()
+        self.table().features.get(name).copied().unwrap_or_default()
     }
+}
+
+/// What [`Handlers::replace`] changed, by handler name.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct HandlerChanges {
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
 }
 
 /// Every handler of this node by name, with how the monitor runs it.

@@ -5,6 +5,8 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crust_oci::Spec;
@@ -68,22 +70,29 @@ impl From<tokio::task::JoinError> for LaunchError {
 pub struct Launcher {
     shim_binary: ShimBinary,
     /// `log_size_max`: a log file's cap, enforced by its monitor (0: none).
-    log_size_max: u64,
+    /// Shared by every clone: a config reload changes it for the monitors
+    /// started from then on.
+    log_size_max: Arc<AtomicU64>,
 }
 
 impl Launcher {
     pub fn new(shim_binary: ShimBinary) -> Launcher {
         Launcher {
             shim_binary,
-            log_size_max: 0,
+            log_size_max: Arc::default(),
         }
     }
 
     /// Monitors drop output beyond `bytes` of log until it is rotated
     /// (0: no cap).
-    pub fn with_log_size_max(mut self, bytes: u64) -> Launcher {
-        self.log_size_max = bytes;
+    pub fn with_log_size_max(self, bytes: u64) -> Launcher {
+        self.set_log_size_max(bytes);
         self
+    }
+
+    /// [`Self::with_log_size_max`] for this launcher and all its clones.
+    pub fn set_log_size_max(&self, bytes: u64) {
+        self.log_size_max.store(bytes, Ordering::Relaxed);
     }
 
     /// The `crust-shim` binary the config names, else the one next to
@@ -128,7 +137,7 @@ impl Launcher {
                 runtime: launch.runtime.clone(),
                 log_path: launch.log_path.clone(),
                 log_directory: launch.log_directory.clone(),
-                log_size_max: self.log_size_max,
+                log_size_max: self.log_size_max.load(Ordering::Relaxed),
                 tty,
                 stdin: launch.stdin,
                 stdin_once: launch.stdin_once,

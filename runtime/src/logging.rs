@@ -1,13 +1,17 @@
 //! The daemon's log: tracing to stderr, with a level that can change at
 //! run time (`crust log-level debug --for 10m`, through the admin API) and
-//! revert by itself, as Mesos' SET_LOGGING_LEVEL does with a duration.
+//! revert by itself, as Mesos' SET_LOGGING_LEVEL does with a duration; a
+//! config reload changes the configured level and the format.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber, info, warn};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
@@ -36,12 +40,68 @@ struct Inner {
     generation: u64,
 }
 
-/// Changes the daemon's log level at run time.
+/// Changes the daemon's log level and format at run time.
 #[derive(Clone)]
 pub struct LogControl {
     handle: Option<reload::Handle<EnvFilter, Registry>>,
     quiet: &'static str,
     inner: Arc<Mutex<Inner>>,
+    /// Events are written as JSON (else as text).
+    json: Arc<AtomicBool>,
+}
+
+/// Both formats' layers see every span (each keeps its own rendering of
+/// the span's fields, which its events need); each event goes to the one
+/// in force. So the format can change while spans are open.
+struct FormatSwitch<T, J> {
+    text: T,
+    json: J,
+    json_on: Arc<AtomicBool>,
+}
+
+impl<S, T, J> Layer<S> for FormatSwitch<T, J>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    T: Layer<S>,
+    J: Layer<S>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        self.text.on_new_span(attrs, id, ctx.clone());
+        self.json.on_new_span(attrs, id, ctx);
+    }
+
+    fn on_record(&self, span: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        self.text.on_record(span, values, ctx.clone());
+        self.json.on_record(span, values, ctx);
+    }
+
+    fn on_follows_from(&self, span: &Id, follows: &Id, ctx: Context<'_, S>) {
+        self.text.on_follows_from(span, follows, ctx.clone());
+        self.json.on_follows_from(span, follows, ctx);
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        self.text.on_enter(id, ctx.clone());
+        self.json.on_enter(id, ctx);
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        self.text.on_exit(id, ctx.clone());
+        self.json.on_exit(id, ctx);
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        self.text.on_close(id.clone(), ctx.clone());
+        self.json.on_close(id, ctx);
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        if self.json_on.load(Ordering::Relaxed) {
+            self.json.on_event(event, ctx);
+        } else {
+            self.text.on_event(event, ctx);
+        }
+    }
 }
 
 /// The filter of `level`: dependencies' chatter (`quiet`, directives
@@ -60,28 +120,19 @@ fn filter(level: LogLevel, quiet: &str) -> EnvFilter {
 pub fn init(config: &Config, quiet: &'static str) -> LogControl {
     let (filter_layer, handle) = reload::Layer::new(filter(config.log_level, quiet));
     let ansi = std::io::stderr().is_terminal();
-    let (text, json) = match config.log_format {
-        LogFormat::Text => (
-            Some(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(ansi)
-                    .with_writer(std::io::stderr),
-            ),
-            None,
-        ),
-        LogFormat::Json => (
-            None,
-            Some(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr),
-            ),
-        ),
+    let json = Arc::new(AtomicBool::new(config.log_format == LogFormat::Json));
+    let formats = FormatSwitch {
+        text: tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr),
+        json: tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr),
+        json_on: json.clone(),
     };
     tracing_subscriber::registry()
         .with(filter_layer)
-        .with(text)
-        .with(json)
+        .with(formats)
         .init();
     LogControl {
         handle: Some(handle),
@@ -94,6 +145,7 @@ pub fn init(config: &Config, quiet: &'static str) -> LogControl {
             },
             generation: 0,
         })),
+        json,
     }
 }
 
@@ -112,6 +164,7 @@ impl LogControl {
                 },
                 generation: 0,
             })),
+            json: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -145,6 +198,36 @@ impl LogControl {
             });
         }
         Ok(state)
+    }
+
+    /// A new configured level (a config reload). It is put in force at
+    /// once, unless a timed change (`crust log-level LEVEL --for D`) is in
+    /// force: that one ends as planned, at the new configured level.
+    pub fn set_configured(&self, configured: LogLevel) -> Result<LevelState, String> {
+        let state = {
+            let mut inner = self.lock();
+            if inner.state.until.is_none() {
+                self.apply(configured)?;
+                inner.state.level = configured;
+                // An untimed change's (none pending) is replaced.
+                inner.generation += 1;
+            }
+            inner.state.configured = configured;
+            inner.state
+        };
+        warn!(
+            level = state.level.as_str(),
+            configured = configured.as_str(),
+            "log level configured (config reload)"
+        );
+        Ok(state)
+    }
+
+    /// Events are written in `format` from now on.
+    pub fn set_format(&self, format: LogFormat) {
+        self.json
+            .store(format == LogFormat::Json, Ordering::Relaxed);
+        warn!(format = ?format, "log format changed (config reload)");
     }
 
     /// Back to the configured level, if no change came after `generation`.
@@ -261,5 +344,25 @@ mod tests {
         c.set(LogLevel::Trace, None).unwrap();
         tokio::time::sleep(Duration::from_secs(20)).await;
         assert_eq!(c.state().level, LogLevel::Trace);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_sets_the_configured_level_after_a_timed_change() {
+        let c = LogControl::detached(LogLevel::Info);
+        let s = c.set_configured(LogLevel::Warn).unwrap();
+        assert_eq!((s.level, s.configured), (LogLevel::Warn, LogLevel::Warn));
+
+        // A timed change runs its course, then the new configured level.
+        c.set(LogLevel::Debug, Some(Duration::from_secs(30)))
+            .unwrap();
+        let s = c.set_configured(LogLevel::Error).unwrap();
+        assert_eq!((s.level, s.configured), (LogLevel::Debug, LogLevel::Error));
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(c.state().level, LogLevel::Error);
+
+        // An untimed change gives way to the reload.
+        c.set(LogLevel::Trace, None).unwrap();
+        let s = c.set_configured(LogLevel::Info).unwrap();
+        assert_eq!((s.level, s.configured), (LogLevel::Info, LogLevel::Info));
     }
 }

@@ -38,6 +38,7 @@
 //! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
 //! quote.rs             bounded quoting of client input in messages
+//! reload.rs            re-reading the config (SIGHUP, `crust reload`)
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
 
@@ -66,6 +67,7 @@ mod monitor;
 mod node;
 mod pod_metrics;
 mod pods;
+mod reload;
 mod server;
 mod services;
 mod stats;
@@ -83,7 +85,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use config::{CgroupDriver, Config, DEFAULT_CONFIG_PATH, LogFormat, LogLevel};
+use config::{
+    CgroupDriver, Config, ConfigSource, DEFAULT_CONFIG_PATH, LogFormat, LogLevel, Overrides,
+};
 
 #[derive(Parser)]
 #[command(
@@ -107,6 +111,9 @@ enum Command {
     Status(cli::status::StatusArgs),
     /// Show or change the running daemon's log level (changing: root only).
     LogLevel(cli::log_level::LogLevelArgs),
+    /// Make the running daemon read its config file again (as SIGHUP does)
+    /// and show what it applied and what needs a restart (root only).
+    Reload(cli::reload::ReloadArgs),
     /// Inspect the configuration.
     Config {
         #[command(subcommand)]
@@ -162,47 +169,40 @@ struct DaemonArgs {
 }
 
 impl DaemonArgs {
-    fn into_config(self) -> anyhow::Result<Config> {
-        let explicit = self.config.is_some();
-        let path = self
-            .config
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
-        let mut c = Config::load(&path, explicit)?;
-        macro_rules! set {
-            ($flag:expr => $($field:tt)+) => {
-                if let Some(v) = $flag {
-                    c.$($field)+ = v;
-                }
-            };
+    /// The config file and the flags that win over it (at start and at
+    /// every reload).
+    fn into_source(self) -> ConfigSource {
+        ConfigSource {
+            explicit: self.config.is_some(),
+            path: self
+                .config
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH)),
+            overrides: Overrides {
+                socket: self.socket,
+                root: self.root,
+                run_dir: self.run_dir,
+                log_level: self.log_level,
+                log_format: self.log_format,
+                cgroup_driver: self.cgroup_driver,
+                cni_conf_dir: self.cni_conf_dir,
+                cni_bin_dirs: self.cni_bin_dir,
+                install_default_conflist: self.install_default_conflist,
+                registry_config_dir: self.registry_config_dir,
+                metrics_address: self.metrics_address,
+                nri_socket: self.nri_socket,
+            },
         }
-        set!(self.socket => socket);
-        set!(self.root => root);
-        set!(self.run_dir => run_dir);
-        set!(self.log_level => log_level);
-        set!(self.log_format => log_format);
-        set!(self.cgroup_driver => cgroup_driver);
-        set!(self.cni_conf_dir => network.cni_conf_dir);
-        set!(self.cni_bin_dir => network.cni_bin_dirs);
-        set!(self.registry_config_dir => registry.config_dir);
-        if let Some(a) = self.metrics_address {
-            c.metrics.address = Some(a);
-        }
-        set!(self.nri_socket => nri.socket_path);
-        if self.install_default_conflist {
-            c.network.install_default_conflist = true;
-        }
-        c.validate()?;
-        Ok(c)
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Daemon(args) => args.into_config().and_then(run_daemon),
+        Command::Daemon(args) => run_daemon(args.into_source()),
         Command::Images(args) => cli::images::run(args),
         Command::Status(args) => cli::status::run(args),
         Command::LogLevel(args) => cli::log_level::run(args),
+        Command::Reload(args) => cli::reload::run(args),
         Command::Config {
             command: ConfigCommand::Default,
         } => {
@@ -219,10 +219,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_daemon(config: Config) -> anyhow::Result<()> {
+fn run_daemon(source: ConfigSource) -> anyhow::Result<()> {
+    let loaded = source.load()?;
     // Dependencies' chatter stays down unless tracing everything.
     let log = logging::init(
-        &config,
+        &loaded.config,
         "h2=warn,hyper=warn,tower=warn,tonic=warn,loona_hpack=warn,libcgroups=error,zbus=warn",
     );
     // A socket per live container (its watcher) and per client: take the
@@ -236,5 +237,5 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
         .thread_name("crust")
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(server::serve(config, log))
+    rt.block_on(server::serve(source, loaded, log))
 }

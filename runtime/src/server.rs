@@ -1,6 +1,6 @@
 //! The gRPC server on the CRI Unix socket, and its orderly shutdown; the
-//! metrics endpoint, systemd's readiness notice and the SIGUSR1 state dump
-//! around it.
+//! metrics endpoint, systemd's readiness notice, the SIGUSR1 state dump and
+//! the SIGHUP config reload around it.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -21,19 +21,25 @@ use tracing::{info, warn};
 
 use crate::api_version::ApiVersionLayer;
 use crate::authority::AuthorityFixed;
-use crate::config::Config;
+use crate::config::{ConfigSource, LoadedConfig};
 use crate::daemon::Daemon;
 use crate::logging::LogControl;
 use crate::metrics::Metrics;
 use crate::metrics::grpc::RpcMetricsLayer;
 use crate::metrics::health::Health;
+use crate::reload::Reloader;
 use crate::services::{Admin, Cri, Operator};
 
 /// How long in-flight calls get to finish after SIGTERM before the daemon
 /// exits anyway (long-lived streams such as GetContainerEvents never finish).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
+pub async fn serve(
+    source: ConfigSource,
+    loaded: LoadedConfig,
+    log: LogControl,
+) -> anyhow::Result<()> {
+    let LoadedConfig { file, config } = loaded;
     let socket = config.socket.clone();
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
@@ -62,6 +68,8 @@ pub async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     spawn_state_dumps(&daemon)?;
+    let reloader = Arc::new(Reloader::new(source, &file, log.clone()));
+    spawn_reloads(&daemon, reloader.clone())?;
     let listener = bind(&socket)?;
     let _remove_socket = RemoveOnDrop(socket.clone());
     info!(
@@ -75,6 +83,7 @@ pub async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         daemon.clone(),
         Operator {
             log,
+            reloader,
             health: health.clone(),
             metrics_address,
             started_at: std::time::SystemTime::now(),
@@ -135,6 +144,23 @@ fn spawn_state_dumps(daemon: &Arc<Daemon>) -> anyhow::Result<()> {
             let Some(d) = daemon.upgrade() else { return };
             let dump = crate::introspect::dump(&d);
             warn!("state dump (SIGUSR1):\n{dump}");
+        }
+    });
+    Ok(())
+}
+
+/// Reloads the config on every SIGHUP (as CRI-O does); the outcome goes to
+/// the log (`crust reload` answers it). Without this handler SIGHUP would
+/// end the daemon.
+fn spawn_reloads(daemon: &Arc<Daemon>, reloader: Arc<Reloader>) -> anyhow::Result<()> {
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let daemon = Arc::downgrade(daemon);
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let Some(d) = daemon.upgrade() else { return };
+            info!("SIGHUP: reloading the config");
+            // The outcome is logged by the reload itself.
+            let _ = reloader.reload(&d).await;
         }
     });
     Ok(())

@@ -317,12 +317,8 @@ impl Env {
     }
 
     async fn list_containers(&mut self) -> usize {
-        self.rt
-            .list_containers(v1::ListContainersRequest::default())
+        crust_test_support::cri::list_containers(&mut self.rt)
             .await
-            .unwrap()
-            .into_inner()
-            .containers
             .len()
     }
 }

@@ -362,12 +362,7 @@ async fn fields_take_effect(handler: &str) {
     })
     .await
     .unwrap();
-    let list =
-        e.rt.list_containers(v1::ListContainersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .containers;
+    let list = crust_test_support::cri::list_containers(&mut e.rt).await;
     assert!(list.is_empty(), "{list:?}");
     assert!(log.exists(), "the log file is kept");
     assert_eq!(mounts_under(&e.d.run_dir), Vec::<PathBuf>::new());
@@ -535,12 +530,7 @@ async fn stream_rpcs_answer_what_list_rpcs_answer() {
         v.sort();
         v
     };
-    let listed =
-        e.rt.list_containers(v1::ListContainersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .containers;
+    let listed = crust_test_support::cri::list_containers(&mut e.rt).await;
     let mut stream =
         e.rt.stream_containers(v1::StreamContainersRequest::default())
             .await
@@ -665,12 +655,7 @@ async fn list_sees_a_created_container_die() {
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let state = loop {
-        let listed =
-            e.rt.list_containers(v1::ListContainersRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .containers;
+        let listed = crust_test_support::cri::list_containers(&mut e.rt).await;
         let state = listed.iter().find(|c| c.id == id).map(|c| c.state);
         if state != Some(v1::ContainerState::ContainerCreated as i32) || Instant::now() > deadline {
             break state;
@@ -1236,13 +1221,7 @@ impl Env {
     /// ContainerStatus and ListContainers of each container report what
     /// `want` says (and v1alpha2's ListContainers the ID as image_ref).
     async fn check_images(&mut self, want: &[(&str, &ImageReport)], when: &str) {
-        let listed = self
-            .rt
-            .list_containers(v1::ListContainersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .containers;
+        let listed = crust_test_support::cri::list_containers(&mut self.rt).await;
         let old = self
             .d
             .runtime_v1alpha2()

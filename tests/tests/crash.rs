@@ -462,13 +462,8 @@ impl H {
             .map(|p| p.id)
             .collect();
         pods.sort();
-        let mut containers: Vec<String> = self
-            .rt
-            .list_containers(v1::ListContainersRequest::default())
+        let mut containers: Vec<String> = crust_test_support::cri::list_containers(&mut self.rt)
             .await
-            .unwrap()
-            .into_inner()
-            .containers
             .into_iter()
             .map(|c| c.id)
             .collect();

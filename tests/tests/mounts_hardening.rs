@@ -525,12 +525,7 @@ async fn mount_options(handler: &str) {
         assert_refused(&err, &[Code::InvalidArgument], field);
         assert!(err.message().contains(said), "{err}");
     }
-    let listed =
-        e.rt.list_containers(v1::ListContainersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .containers;
+    let listed = crust_test_support::cri::list_containers(&mut e.rt).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     e.remove_pod(&pod).await;
 }

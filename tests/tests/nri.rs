@@ -153,12 +153,8 @@ impl Env {
     }
 
     async fn container_ids(&mut self) -> Vec<String> {
-        self.rt
-            .list_containers(v1::ListContainersRequest::default())
+        crust_test_support::cri::list_containers(&mut self.rt)
             .await
-            .unwrap()
-            .into_inner()
-            .containers
             .into_iter()
             .map(|c| c.id)
             .collect()
@@ -475,6 +471,40 @@ async fn a_hung_plugin_times_out_without_wedging_the_daemon() {
         .into_inner()
         .container_id;
     assert!(took >= Duration::from_secs(1), "{took:?}");
+    tokio::time::timeout(WAIT, p.closed())
+        .await
+        .expect("the hung plugin is disconnected");
+    e.start(&id).await;
+    e.stop_and_remove_pod(&pod).await;
+}
+
+/// `nri.plugin_request_timeout` is reloaded (`crust reload`): a plugin
+/// that hangs is given up after the new timeout, not the start's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reloaded_request_timeout_applies_to_the_next_call() {
+    let mut e =
+        env_with(Daemon::builder().config("[nri]\nplugin_request_timeout = \"300s\"\n")).await;
+    e.d.write_config("[nri]\nplugin_request_timeout = \"2s\"\n");
+    let socket = e.d.socket.display().to_string();
+    let out = crust_test_support::run_crust(&["reload", "--socket", &socket]);
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        answer.contains("applied: nri.plugin_request_timeout"),
+        "{answer}"
+    );
+    let p = plugin(&e.d, "hung", fail_on("CreateContainer", Action::Hang)).await;
+    let pod = e.pod("hung", "").await;
+    let t = Instant::now();
+    let id = tokio::time::timeout(Duration::from_secs(60), e.create(&pod, "app"))
+        .await
+        .expect("given up after the reloaded timeout, not 300 s")
+        .expect("the call goes on without the hung plugin");
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
     tokio::time::timeout(WAIT, p.closed())
         .await
         .expect("the hung plugin is disconnected");

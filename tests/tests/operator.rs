@@ -670,37 +670,13 @@ async fn log_level_changes_for_a_while_and_reverts_by_itself() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn only_root_may_change_the_log_level() {
-    use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     let d = Daemon::builder()
         .arg("--log-level")
         .arg("info")
         .start()
         .await;
-    // Let an unprivileged user reach the socket: the daemon must say no
-    // by the peer's credentials alone.
-    let mut dir = d.socket.parent();
-    while let Some(p) = dir {
-        if p == Path::new("/tmp") || p == Path::new("/") {
-            break;
-        }
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        dir = p.parent();
-    }
-    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    // A copy of the CLI that the user can run wherever the build is.
-    let cli = d.temp_dir().join("crust-cli");
-    std::fs::copy(crust_test_support::crust_bin(), &cli).unwrap();
-    std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let as_nobody = |args: &[&str]| {
-        std::process::Command::new(&cli)
-            .args(args)
-            .args(["--socket", &d.socket.display().to_string()])
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap()
-    };
+    // The daemon must say no by the peer's credentials alone.
+    let as_nobody = |args: &[&str]| d.cli_as_nobody(args);
     let out = as_nobody(&["log-level", "debug"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "nobody changed the log level");

@@ -530,12 +530,7 @@ async fn image_volume_refs(handler: &str) {
         before,
         "a refused create leaves no mount"
     );
-    let listed =
-        e.rt.list_containers(v1::ListContainersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .containers;
+    let listed = crust_test_support::cri::list_containers(&mut e.rt).await;
     assert_eq!(listed.len(), 3, "{listed:?}");
     e.remove_pod(&pod).await;
     e.assert_clean();
@@ -1200,12 +1195,7 @@ async fn cdi_devices(handler: &str) {
             && err.message().contains("crust.test/dev=gone"),
         "{err}"
     );
-    let listed =
-        e.rt.list_containers(v1::ListContainersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .containers;
+    let listed = crust_test_support::cri::list_containers(&mut e.rt).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     e.remove_pod(&pod).await;
     e.assert_clean();

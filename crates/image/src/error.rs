@@ -48,6 +48,18 @@ pub enum Error {
     #[error("registry {host}: {}", clip(message))]
     Registry { host: String, message: String },
 
+    /// A registry request received nothing for `after`
+    /// (`pull_progress_timeout`): given up.
+    #[error(
+        "registry {host}: {what}: no data received for {} (pull_progress_timeout); gave up",
+        crate::registry::fmt_duration(*after)
+    )]
+    Stalled {
+        host: String,
+        what: String,
+        after: std::time::Duration,
+    },
+
     #[error("{0}")]
     Unsupported(String),
 
@@ -94,7 +106,9 @@ impl Error {
             }
             Error::NotFound(_) => ErrorKind::NotFound,
             Error::Unauthorized { .. } => ErrorKind::Unauthenticated,
-            Error::Registry { .. } => ErrorKind::Unavailable,
+            // A stalled registry is as unavailable as an unreachable one:
+            // a retry (kubelet's back-off) may find it well again.
+            Error::Registry { .. } | Error::Stalled { .. } => ErrorKind::Unavailable,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Verification { .. } | Error::Layer { .. } | Error::Archive(_) => {
                 ErrorKind::InvalidContent

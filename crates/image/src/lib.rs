@@ -30,6 +30,9 @@ pub use index::{Image, Lease};
 pub use manifest::{ImageConfig, Platform};
 pub use reference::Reference;
 pub use registry::{Credentials, Progress, ProgressFn};
-pub use service::{Config, DEFAULT_MAX_CONCURRENT_DOWNLOADS, ImageService};
+pub use service::{
+    Config, DEFAULT_MAX_CONCURRENT_DOWNLOADS, DEFAULT_PULL_PROGRESS_TIMEOUT, ImageService,
+    PullSettings,
+};
 pub use usage::FsUsage;
 pub use user::{ImageUser, image_user};

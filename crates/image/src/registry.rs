@@ -25,7 +25,8 @@ use crate::reference::Reference;
 
 const USER_AGENT: &str = concat!("crust/", env!("CARGO_PKG_VERSION"));
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest silence tolerated mid-transfer.
+/// Longest silence tolerated by the token exchange (manifests and blobs go
+/// by the pull's own progress timeout).
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_TOKEN_RESPONSE: usize = 1 << 20;
 
@@ -145,10 +146,18 @@ pub struct Remote {
     reference: Reference,
     auth: Auth,
     endpoints: Vec<EndpointClient>,
+    /// A request that receives nothing for this long is given up (the next
+    /// endpoint is tried); None: never.
+    progress_timeout: Option<Duration>,
 }
 
 impl Remote {
-    pub fn new(hosts: &RegistryHosts, reference: &Reference, creds: &Credentials) -> Result<Self> {
+    pub fn new(
+        hosts: &RegistryHosts,
+        reference: &Reference,
+        creds: &Credentials,
+        progress_timeout: Option<Duration>,
+    ) -> Result<Self> {
         let auth = creds.auth()?;
         let endpoints = hosts
             .endpoints(reference.domain())?
@@ -168,7 +177,25 @@ impl Remote {
             reference: reference.clone(),
             auth,
             endpoints,
+            progress_timeout,
         })
+    }
+
+    /// `step` as long as it makes progress: None when it took longer than
+    /// the progress timeout (its future is dropped, which cancels it).
+    async fn within<T>(&self, step: impl std::future::Future<Output = T>) -> Option<T> {
+        match self.progress_timeout {
+            Some(limit) => tokio::time::timeout(limit, step).await.ok(),
+            None => Some(step.await),
+        }
+    }
+
+    fn stalled(&self, ep: &EndpointClient, what: &str) -> Error {
+        Error::Stalled {
+            host: ep.endpoint.url(),
+            what: what.to_string(),
+            after: self.progress_timeout.unwrap_or_default(),
+        }
     }
 
     /// Fetches the manifest (or index) the reference names: by digest if it
@@ -231,12 +258,19 @@ impl Remote {
         oref: &oci_client::Reference,
         what: &str,
     ) -> Result<(Vec<u8>, String)> {
-        let auth = self.endpoint_auth(ep).await?;
-        let (bytes, digest) = ep
-            .client
-            .pull_manifest_raw(oref, &auth, MANIFEST_TYPES)
+        // A manifest is small: the whole answer must come within the
+        // progress timeout.
+        let fetch = async {
+            let auth = self.endpoint_auth(ep).await?;
+            ep.client
+                .pull_manifest_raw(oref, &auth, MANIFEST_TYPES)
+                .await
+                .map_err(|e| map_oci_error(&ep.endpoint, what, e))
+        };
+        let (bytes, digest) = self
+            .within(fetch)
             .await
-            .map_err(|e| map_oci_error(&ep.endpoint, what, e))?;
+            .ok_or_else(|| self.stalled(ep, what))??;
         if bytes.len() as u64 > MAX_MANIFEST_BYTES {
             return Err(Error::verification(
                 what,
@@ -269,23 +303,36 @@ impl Remote {
         progress: Option<&ProgressFn>,
     ) -> Result<()> {
         let what = format!("blob {}", desc.digest);
-        let auth = self.endpoint_auth(ep).await?;
         let oref = self.oci_ref(ep, |reg, repo| {
             oci_client::Reference::with_digest(reg, repo, desc.digest.to_string())
         });
-        ep.client
-            .store_auth_if_needed(oref.resolve_registry(), &auth)
-            .await;
         // A plain digest string: foreign-layer URLs in the descriptor are
         // never followed (they would send requests anywhere).
         let digest = desc.digest.to_string();
-        let mut stream = ep
-            .client
-            .pull_blob_stream(&oref, digest.as_str())
+        let request = async {
+            let auth = self.endpoint_auth(ep).await?;
+            ep.client
+                .store_auth_if_needed(oref.resolve_registry(), &auth)
+                .await;
+            ep.client
+                .pull_blob_stream(&oref, digest.as_str())
+                .await
+                .map_err(|e| map_oci_error(&ep.endpoint, &what, e))
+        };
+        let mut stream = self
+            .within(request)
             .await
-            .map_err(|e| map_oci_error(&ep.endpoint, &what, e))?;
+            .ok_or_else(|| self.stalled(ep, &what))??;
+        // Dropped on any error below: its temp file goes with it, so a
+        // cancelled download leaves no partial blob.
         let mut writer = content.writer(Some((desc.digest.clone(), desc.size)))?;
-        while let Some(chunk) = stream.next().await {
+        // The timeout restarts with every chunk: a slow download that keeps
+        // coming is never given up.
+        while let Some(chunk) = self
+            .within(stream.next())
+            .await
+            .ok_or_else(|| self.stalled(ep, &what))?
+        {
             let chunk = match chunk {
                 Ok(c) => c,
                 // oci-client checks the digest too and fails the stream's
@@ -408,7 +455,10 @@ fn build_client(ep: &Endpoint) -> Result<oci_client::Client> {
         // Indexes are resolved by crust itself.
         platform_resolver: None,
         connect_timeout: Some(CONNECT_TIMEOUT),
-        read_timeout: Some(READ_TIMEOUT),
+        // No read timeout of the client's own: the pull's progress timeout
+        // (`Remote::within`) watches every request, with an error that
+        // says what stalled.
+        read_timeout: None,
         user_agent: USER_AGENT,
         // Proxies from the environment, as containerd honours them; never
         // for registries on this machine.
@@ -506,6 +556,24 @@ fn map_oci_error(ep: &Endpoint, what: &str, e: OciDistributionError) -> Error {
             message: format!("{what}: {}", error_chain(&other)),
         },
     }
+}
+
+/// A duration as the config writes it: `5m`, `1m30s`, `2s`, `500ms`.
+pub(crate) fn fmt_duration(d: Duration) -> String {
+    let (secs, millis) = (d.as_secs(), d.subsec_millis());
+    if secs == 0 {
+        return format!("{millis}ms");
+    }
+    let mut out = String::new();
+    for (n, unit) in [(secs / 3600, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    if millis > 0 {
+        out.push_str(&format!("{millis}ms"));
+    }
+    out
 }
 
 /// An error with its sources, so "connection refused" is not lost behind
@@ -710,6 +778,17 @@ mod tests {
 
     fn creds() -> Credentials {
         Credentials::default()
+    }
+
+    #[test]
+    fn durations_read_as_the_config_writes_them() {
+        let d = Duration::from_millis;
+        assert_eq!(fmt_duration(d(300_000)), "5m");
+        assert_eq!(fmt_duration(d(90_000)), "1m30s");
+        assert_eq!(fmt_duration(d(2_000)), "2s");
+        assert_eq!(fmt_duration(d(1_500)), "1s500ms");
+        assert_eq!(fmt_duration(d(250)), "250ms");
+        assert_eq!(fmt_duration(d(3_723_000)), "1h2m3s");
     }
 
     #[test]

@@ -13,7 +13,8 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use crust_quote::quote;
 use crust_store::Store;
@@ -39,6 +40,10 @@ use crate::usage::{FsUsage, usage};
 /// Layer downloads run at once per pull by default (containerd's default).
 pub const DEFAULT_MAX_CONCURRENT_DOWNLOADS: usize = 3;
 
+/// How long a download may go without a byte before it is given up
+/// (containerd's `image_pull_progress_timeout` default).
+pub const DEFAULT_PULL_PROGRESS_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The daemon's root dir; images live in `content/` and `layers/` in it.
@@ -46,6 +51,9 @@ pub struct Config {
     /// The hosts.toml dir (`--registry-config-dir`); None = defaults only.
     pub registry_config_dir: Option<PathBuf>,
     pub max_concurrent_downloads: usize,
+    /// A request to a registry that receives nothing for this long (no
+    /// response yet, or no byte of a blob) is given up; None: never.
+    pub pull_progress_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -54,8 +62,23 @@ impl Config {
             root: root.into(),
             registry_config_dir: None,
             max_concurrent_downloads: DEFAULT_MAX_CONCURRENT_DOWNLOADS,
+            pull_progress_timeout: Some(DEFAULT_PULL_PROGRESS_TIMEOUT),
         }
     }
+}
+
+/// What pulls go by. The daemon replaces them when its config is reloaded
+/// ([`ImageService::set_pull_settings`]); a pull uses the settings of the
+/// moment it reaches each step (registry hosts and timeout when it starts,
+/// the download limit when it fetches the layers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullSettings {
+    /// The hosts.toml dir; None = defaults only.
+    pub registry_config_dir: Option<PathBuf>,
+    /// Layer downloads at once per pull (at least 1).
+    pub max_concurrent_downloads: usize,
+    /// See [`Config::pull_progress_timeout`].
+    pub progress_timeout: Option<Duration>,
 }
 
 type SharedResult = std::result::Result<Image, Arc<Error>>;
@@ -70,8 +93,7 @@ struct Inner {
     store: Arc<Store>,
     content: ContentStore,
     layers: LayerStore,
-    hosts: RegistryHosts,
-    max_downloads: usize,
+    pull_settings: RwLock<Arc<PullSettings>>,
     privileged: bool,
     pins: Arc<Pins>,
     blob_locks: KeyedLocks,
@@ -114,8 +136,11 @@ impl ImageService {
                 store,
                 content,
                 layers,
-                hosts: RegistryHosts::new(config.registry_config_dir),
-                max_downloads: config.max_concurrent_downloads.max(1),
+                pull_settings: RwLock::new(Arc::new(PullSettings {
+                    registry_config_dir: config.registry_config_dir,
+                    max_concurrent_downloads: config.max_concurrent_downloads.max(1),
+                    progress_timeout: config.pull_progress_timeout,
+                })),
                 privileged: crate::unpack::running_as_root(),
                 pins: Arc::new(Pins::default()),
                 blob_locks: KeyedLocks::default(),
@@ -173,6 +198,26 @@ impl ImageService {
         result.map_err(Error::Shared)
     }
 
+    /// The settings pulls go by now.
+    pub fn pull_settings(&self) -> Arc<PullSettings> {
+        self.inner
+            .pull_settings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the settings pulls go by (a config reload); pulls in
+    /// flight keep what they already use.
+    pub fn set_pull_settings(&self, mut settings: PullSettings) {
+        settings.max_concurrent_downloads = settings.max_concurrent_downloads.max(1);
+        *self
+            .inner
+            .pull_settings
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(settings);
+    }
+
     fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<OnceCell<SharedResult>>>> {
         self.inner
             .inflight
@@ -186,7 +231,9 @@ impl ImageService {
         creds: &Credentials,
         progress: Option<&ProgressFn>,
     ) -> Result<Image> {
-        let remote = Remote::new(&self.inner.hosts, reference, creds)?;
+        let settings = self.pull_settings();
+        let hosts = RegistryHosts::new(settings.registry_config_dir.clone());
+        let remote = Remote::new(&hosts, reference, creds, settings.progress_timeout)?;
         let mut pins = self.inner.pins.pin([]);
         let (top, top_digest) = remote.fetch_top_manifest().await?;
         let (manifest, manifest_digest, docs) = self
@@ -337,7 +384,7 @@ impl ImageService {
         chains: &[Digest],
     ) -> Result<()> {
         let cancel = Cancel::new();
-        let downloads = Semaphore::new(self.inner.max_downloads);
+        let downloads = Semaphore::new(self.pull_settings().max_concurrent_downloads);
         let mut jobs = FuturesUnordered::new();
         for ((layer, diff_id), chain) in manifest.layers.iter().zip(diff_ids).zip(chains) {
             jobs.push(self.ensure_layer(source, layer, diff_id, chain, &downloads, cancel.token()));

@@ -97,6 +97,10 @@ enum State {
 
 struct Inner {
     config: Config,
+    /// `plugin_registration_timeout` and `plugin_request_timeout` in force,
+    /// in milliseconds ([`Nri::set_timeouts`] changes them).
+    registration_timeout_ms: AtomicU64,
+    request_timeout_ms: AtomicU64,
     runtime: RuntimeInfo,
     backend: Arc<dyn RuntimeBackend>,
     plugins: RwLock<Arc<[Arc<Plugin>]>>,
@@ -107,6 +111,10 @@ struct Inner {
     states: Mutex<HashMap<String, State>>,
     next_id: AtomicU64,
     listener: Mutex<Option<(tokio::task::JoinHandle<()>, PathBuf)>>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The registered plugins in invocation order (cheap to clone).
@@ -138,6 +146,8 @@ impl Nri {
         }
         config.validate().map_err(NriError::Config)?;
         let inner = Arc::new(Inner {
+            registration_timeout_ms: AtomicU64::new(millis(config.plugin_registration_timeout)),
+            request_timeout_ms: AtomicU64::new(millis(config.plugin_request_timeout)),
             config,
             runtime,
             backend,
@@ -182,6 +192,19 @@ impl Nri {
             *inner.listener.lock().unwrap() = Some((task, path));
         }
         Ok(Nri { inner: Some(inner) })
+    }
+
+    /// New registration and request timeouts (a config reload), for the
+    /// registrations and requests from now on. Plugins were told the
+    /// timeouts when they registered (Configure) and are not told again.
+    pub fn set_timeouts(&self, registration: Duration, request: Duration) {
+        let Some(inner) = &self.inner else { return };
+        inner
+            .registration_timeout_ms
+            .store(millis(registration), Ordering::Relaxed);
+        inner
+            .request_timeout_ms
+            .store(millis(request), Ordering::Relaxed);
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -236,7 +259,7 @@ impl Nri {
             let _ = std::fs::remove_file(path);
         }
         let plugins = inner.current();
-        let timeout = inner.config.plugin_request_timeout;
+        let timeout = inner.request_timeout();
         let mut calls = tokio::task::JoinSet::new();
         for p in plugins.iter() {
             let p = p.clone();
@@ -660,6 +683,14 @@ struct Preinstalled {
 }
 
 impl Inner {
+    fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    fn registration_timeout(&self) -> Duration {
+        Duration::from_millis(self.registration_timeout_ms.load(Ordering::Relaxed))
+    }
+
     fn current(&self) -> Arc<[Arc<Plugin>]> {
         self.plugins.read().unwrap().clone()
     }
@@ -722,7 +753,7 @@ impl Inner {
         Resp: prost::Message + Default,
     {
         match p
-            .call(event.pretty_name(), req, self.config.plugin_request_timeout)
+            .call(event.pretty_name(), req, self.request_timeout())
             .await
         {
             Ok(r) => Ok(Some(r)),
@@ -752,7 +783,7 @@ impl Inner {
     ) -> Result<(), NriError> {
         for p in plugins.iter().filter(|p| p.events.is_set(event)) {
             match p
-                .call::<_, Empty>(method, req, self.config.plugin_request_timeout)
+                .call::<_, Empty>(method, req, self.request_timeout())
                 .await
             {
                 Ok(_) => {}
@@ -763,11 +794,7 @@ impl Inner {
                         container: container.cloned(),
                     };
                     match p
-                        .call::<_, Empty>(
-                            "StateChange",
-                            &change,
-                            self.config.plugin_request_timeout,
-                        )
+                        .call::<_, Empty>("StateChange", &change, self.request_timeout())
                         .await
                     {
                         Ok(_) => {}
@@ -845,7 +872,7 @@ impl Inner {
             let mut checks = tokio::task::JoinSet::new();
             for v in validators {
                 let req = req.clone();
-                let timeout = self.config.plugin_request_timeout;
+                let timeout = self.request_timeout();
                 checks.spawn(async move {
                     let r: Result<ValidateContainerAdjustmentResponse, CallError> =
                         v.call("ValidateContainerAdjustment", &req, timeout).await;
@@ -1098,7 +1125,7 @@ async fn admit(
     });
     let conn = Connection::start(stream, Role::Runtime, service);
 
-    let reg_timeout = inner.config.plugin_registration_timeout;
+    let reg_timeout = inner.registration_timeout();
     let registered = tokio::select! {
         r = tokio::time::timeout(reg_timeout, rx) => match r {
             Ok(Ok(v)) => Ok(v),
@@ -1171,17 +1198,12 @@ async fn configure(inner: &Inner, conn: &Connection, config: String) -> Result<E
         config,
         runtime_name: inner.runtime.name.clone(),
         runtime_version: inner.runtime.version.clone(),
-        registration_timeout: inner.config.plugin_registration_timeout.as_millis() as i64,
-        request_timeout: inner.config.plugin_request_timeout.as_millis() as i64,
+        registration_timeout: inner.registration_timeout().as_millis() as i64,
+        request_timeout: inner.request_timeout().as_millis() as i64,
         nri_version: NRI_VERSION.to_string(),
     };
     let rsp: ConfigureResponse = conn
-        .call(
-            PLUGIN_SERVICE,
-            "Configure",
-            &req,
-            inner.config.plugin_request_timeout,
-        )
+        .call(PLUGIN_SERVICE, "Configure", &req, inner.request_timeout())
         .await
         .map_err(|e| format!("Configure failed: {e}"))?;
     match rsp.events {
@@ -1253,10 +1275,7 @@ async fn synchronize(
     let pods: Vec<&PodSandbox> = snap.pods.iter().map(|p| &p.pod).collect();
     let containers: Vec<&Container> = snap.containers.iter().collect();
     let (mut pi, mut ci) = (0, 0);
-    let timeout = inner
-        .config
-        .plugin_registration_timeout
-        .max(inner.config.plugin_request_timeout);
+    let timeout = inner.registration_timeout().max(inner.request_timeout());
     loop {
         let mut req = SynchronizeRequest::default();
         let mut size = 0;

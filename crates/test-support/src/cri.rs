@@ -138,6 +138,16 @@ pub async fn container_status(rt: &mut RuntimeClient, id: &str) -> v1::Container
     .into_inner()
 }
 
+/// Every container ListContainers answers (no filter). Panics with the
+/// error.
+pub async fn list_containers(rt: &mut RuntimeClient) -> Vec<v1::Container> {
+    rt.list_containers(v1::ListContainersRequest::default())
+        .await
+        .unwrap_or_else(|e| panic!("ListContainers: {e}"))
+        .into_inner()
+        .containers
+}
+
 /// A pod `name` in `namespace` on the host's network (no CNI needed), as
 /// most suites run theirs; suites override what they test.
 pub fn host_network_pod(name: &str, namespace: &str) -> v1::PodSandboxConfig {

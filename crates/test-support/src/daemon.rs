@@ -81,17 +81,19 @@ impl DaemonBuilder {
             args.push(flag.into());
             args.push(value.into());
         }
-        // Debug logs unless the test sets the level itself.
-        if !self.args.iter().any(|a| a == "--log-level") {
+        // Debug logs unless the test sets the level itself (a flag would
+        // win over the config's `log_level`, at start and at reloads).
+        let config_table = self
+            .config_toml
+            .as_deref()
+            .and_then(|t| t.parse::<toml::Table>().ok());
+        let config_sets = |key: &str| config_table.as_ref().is_some_and(|t| t.contains_key(key));
+        if !self.args.iter().any(|a| a == "--log-level") && !config_sets("log_level") {
             args.extend(["--log-level".into(), "debug".into()]);
         }
         // The run's driver, unless this test picks one itself.
         let picks_driver = self.args.iter().any(|a| a.starts_with("--cgroup-driver"))
-            || self
-                .config_toml
-                .as_deref()
-                .and_then(|t| t.parse::<toml::Table>().ok())
-                .is_some_and(|t| t.contains_key("cgroup_driver"));
+            || config_sets("cgroup_driver");
         if let (false, Some(driver)) = (picks_driver, cgroup_driver_from_env()) {
             args.extend(["--cgroup-driver".into(), driver.into()]);
         }
@@ -105,6 +107,7 @@ impl DaemonBuilder {
             run_dir,
             cni_conf_dir,
             log,
+            config,
             dir: Some(dir),
             _noisy: crate::noisy::shared(),
         };
@@ -124,6 +127,8 @@ pub struct Daemon {
     pub run_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
     pub log: PathBuf,
+    /// The `--config` file (a test rewrites it to try a reload).
+    pub config: PathBuf,
     dir: Option<tempfile::TempDir>,
     /// The process's noisy neighbour runs while any daemon does (dropped
     /// last: after the daemon's teardown).
@@ -172,8 +177,43 @@ impl Daemon {
         Daemon::builder().start().await
     }
 
+    /// Writes `toml` as the daemon's config file, with the test daemon's
+    /// own NRI paths and network default as at start (see [`test_config`]);
+    /// the daemon reads it at its next reload or start.
+    pub fn write_config(&self, toml: &str) {
+        std::fs::write(&self.config, test_config(toml, self.temp_dir())).unwrap();
+    }
+
     /// The daemon's private temp dir (socket, root, run dir, CNI conf dir);
     /// tests put their own scratch files (e.g. CNI IPAM state) here too.
+    /// Runs the `crust` CLI with `args` and `--socket <this daemon's>` as
+    /// user and group 65534 (nobody): the socket and the dirs above it are
+    /// opened to everyone, and a copy of the CLI is made where nobody may
+    /// run it, so that only the daemon's check of the caller says no.
+    pub fn cli_as_nobody(&self, args: &[&str]) -> std::process::Output {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let mut dir = self.socket.parent();
+        while let Some(p) = dir {
+            if p == Path::new("/tmp") || p == Path::new("/") {
+                break;
+            }
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            dir = p.parent();
+        }
+        std::fs::set_permissions(&self.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let cli = self.temp_dir().join("crust-cli");
+        std::fs::copy(crust_bin(), &cli).unwrap();
+        std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Command::new(&cli)
+            .args(args)
+            .args(["--socket", &self.socket.display().to_string()])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    }
+
     pub fn temp_dir(&self) -> &Path {
         self.dir.as_ref().expect("temp dir").path()
     }

@@ -4,6 +4,7 @@
 
 pub mod images;
 pub mod log_level;
+pub mod reload;
 pub mod status;
 
 use std::path::{Path, PathBuf};

@@ -70,16 +70,12 @@ impl Containers {
             .ok_or_else(|| {
                 ContainerError::NotFound(format!("image {} not found", quote(&image_name)))
             })?;
-        let runtime = self
-            .handlers
-            .get(&pod.runtime_handler)
-            .cloned()
-            .ok_or_else(|| {
-                ContainerError::FailedPrecondition(format!(
-                    "the pod's runtime handler {:?} is no longer configured",
-                    pod.runtime_handler
-                ))
-            })?;
+        let runtime = self.handlers.get(&pod.runtime_handler).ok_or_else(|| {
+            ContainerError::FailedPrecondition(format!(
+                "the pod's runtime handler {:?} is no longer configured",
+                pod.runtime_handler
+            ))
+        })?;
         let key = (pod.id.clone(), md.name.clone(), md.attempt);
         let id = self
             .index
@@ -201,7 +197,7 @@ impl Containers {
         let mut built = {
             let host = self.host.clone();
             let (r, pod, config, image) = (rec.clone(), pod.clone(), config.clone(), image.clone());
-            let cdi_dirs = self.dirs.cdi_spec_dirs.clone();
+            let cdi_dirs = self.cdi_spec_dirs();
             blocking(move || -> Result<Built, ContainerError> {
                 let lowers = match &pod.facts.user_ns {
                     Some(userns) => host.idmap_layers(&r, &lowers, userns)?,

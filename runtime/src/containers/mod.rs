@@ -89,7 +89,8 @@ pub struct Dirs {
     pub run_dir: PathBuf,
     /// `<root>/containers`: the writable layers.
     pub layers_dir: PathBuf,
-    /// CDI spec dirs, lowest priority first (`cdi_spec_dirs`).
+    /// CDI spec dirs, lowest priority first (`cdi_spec_dirs`), at start
+    /// ([`Containers::set_cdi_spec_dirs`] replaces them).
     pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
@@ -101,6 +102,8 @@ pub struct Containers {
     handlers: Arc<Handlers>,
     facts: RuntimeFacts,
     dirs: Dirs,
+    /// The CDI spec dirs in force (a config reload replaces them).
+    cdi_spec_dirs: std::sync::RwLock<Vec<PathBuf>>,
     events: Events<ContainerRecord>,
 }
 
@@ -122,9 +125,25 @@ impl Containers {
             images,
             handlers,
             facts,
+            cdi_spec_dirs: std::sync::RwLock::new(dirs.cdi_spec_dirs.clone()),
             dirs,
             events: Events::default(),
         }
+    }
+
+    /// Containers created from now on resolve CDI devices in `dirs`.
+    pub fn set_cdi_spec_dirs(&self, dirs: Vec<PathBuf>) {
+        *self
+            .cdi_spec_dirs
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = dirs;
+    }
+
+    fn cdi_spec_dirs(&self) -> Vec<PathBuf> {
+        self.cdi_spec_dirs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Container events (GetContainerEvents).

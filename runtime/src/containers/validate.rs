@@ -112,9 +112,7 @@ fn is_digest_ref(r: &str) -> bool {
         Some(_) => return false,
         None => r,
     };
-    digest.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    })
+    crust_image::digest::Digest::parse(digest).is_ok()
 }
 
 /// The mounts to id-map (`mounts[i].uidMappings`/`gidMappings`, which

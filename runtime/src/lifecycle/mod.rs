@@ -67,6 +67,11 @@ impl Lifecycle {
         self.nri.shutdown().await;
     }
 
+    /// NRI (a config reload changes its timeouts).
+    pub fn nri(&self) -> &Nri {
+        &self.nri
+    }
+
     /// RunPodSandbox. Plugins see the pod once it is set up (namespaces,
     /// network, cgroup) and before it is visible or takes containers; a
     /// plugin's error undoes the pod and fails the call.

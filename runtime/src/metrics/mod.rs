@@ -118,6 +118,7 @@ pub struct Metrics {
     pull_bytes: Counter,
     pull_seconds: HistogramFamily<ResultLabels>,
     cni_seconds: HistogramFamily<CniLabels>,
+    reloads: Family<ResultLabels, Counter>,
     node: Arc<NodeCollector>,
 }
 
@@ -182,6 +183,13 @@ impl Metrics {
             Unit::Seconds,
             cni_seconds.clone(),
         );
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "crust_config_reloads",
+            "Config reloads (SIGHUP and `crust reload`) by result: success (the file was read \
+             and what can change in a running daemon was applied) or failure (nothing changed)",
+            reloads.clone(),
+        );
         let node = Arc::new(NodeCollector::default());
         registry.register_collector(Box::new(node.clone()));
         registry.register(
@@ -204,6 +212,7 @@ impl Metrics {
             let labels = ResultLabels { result };
             let _ = pulls.get_or_create(&labels);
             let _ = pull_seconds.get_or_create(&labels);
+            let _ = reloads.get_or_create(&labels);
             for operation in ["add", "del"] {
                 let _ = cni_seconds.get_or_create(&CniLabels { operation, result });
             }
@@ -222,6 +231,7 @@ impl Metrics {
             pull_bytes,
             pull_seconds,
             cni_seconds,
+            reloads,
             node,
         }
     }
@@ -277,6 +287,14 @@ impl Metrics {
         self.pull_seconds
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// Records one config reload: whether the file was applied.
+    pub fn config_reload(&self, ok: bool) {
+        let labels = ResultLabels {
+            result: if ok { "success" } else { "failure" },
+        };
+        self.reloads.get_or_create(&labels).inc();
     }
 
     /// Records one CNI ADD (`add == true`) or DEL of a pod network.
@@ -524,6 +542,7 @@ mod tests {
         m.image_pull(true, 1000, Duration::from_millis(300));
         m.image_pull(false, 10, Duration::from_millis(50));
         m.cni_operation(true, true, Duration::from_millis(20));
+        m.config_reload(false);
         m.set_node_counts(Box::new(|| NodeCounts {
             pods: vec![("ready", 2), ("notready", 0)],
             containers: vec![("running", 3)],
@@ -537,6 +556,8 @@ mod tests {
             "crust_image_pull_bytes_total 1010",
             "crust_image_pull_duration_seconds_count{result=\"success\"} 1",
             "crust_cni_operation_duration_seconds_count{operation=\"add\",result=\"success\"} 1",
+            "crust_config_reloads_total{result=\"success\"} 0",
+            "crust_config_reloads_total{result=\"failure\"} 1",
             "crust_pod_sandboxes{state=\"ready\"} 2",
             "crust_pod_sandboxes{state=\"notready\"} 0",
             "crust_containers{state=\"running\"} 3",

@@ -354,16 +354,12 @@ impl PodHost for RealPodHost {
         rec: &PodRecord,
         facts: &crust_oci::PodFacts,
     ) -> Result<(), PodError> {
-        let runtime = self
-            .handlers
-            .get(&rec.runtime_handler)
-            .cloned()
-            .ok_or_else(|| {
-                PodError::invalid(
-                    "runtime_handler",
-                    format!("unknown runtime handler {:?}", rec.runtime_handler),
-                )
-            })?;
+        let runtime = self.handlers.get(&rec.runtime_handler).ok_or_else(|| {
+            PodError::invalid(
+                "runtime_handler",
+                format!("unknown runtime handler {:?}", rec.runtime_handler),
+            )
+        })?;
         let rootfs = {
             let root = self.root.clone();
             crate::tasks::blocking(move || pause::ensure_rootfs(&root)).await?

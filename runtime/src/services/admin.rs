@@ -30,6 +30,8 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 /// What the admin service needs beyond the daemon's parts.
 pub struct Operator {
     pub log: LogControl,
+    /// Re-reads the config (`crust reload`; SIGHUP shares it).
+    pub reloader: Arc<crate::reload::Reloader>,
     pub health: Arc<Health>,
     /// Where `/metrics` is served; None when off.
     pub metrics_address: Option<SocketAddr>,

@@ -1,7 +1,7 @@
 //! crust's admin service for operators (`crust.admin.v1.Daemon`): `crust
-//! status` and `crust log-level`. Changing the log level is for root only,
-//! by the caller's SO_PEERCRED credentials (the socket is 0660, so a group
-//! may reach it).
+//! status`, `crust log-level` and `crust reload`. Changing the log level
+//! and reloading the config are for root only, by the caller's SO_PEERCRED
+//! credentials (the socket is 0660, so a group may reach it).
 
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -28,20 +28,21 @@ impl DaemonService for Admin {
         let d = &self.daemon;
         let ops = &self.ops;
         let counts = crate::introspect::counts(d);
-        let config_toml = toml::to_string_pretty(&d.config)
+        let config_toml = toml::to_string_pretty(&*d.live_config())
             .map_err(|e| Status::internal(format!("the effective config as TOML: {e}")))?;
         let handlers = d
             .handlers
             .names()
+            .into_iter()
             .map(|name| {
-                let (kind, path) = match d.handlers.get(name) {
+                let (kind, path) = match d.handlers.get(&name) {
                     Some(RuntimeConfig::Cli { path, .. }) => ("cli", path.display().to_string()),
                     _ => ("embedded", String::new()),
                 };
                 // The same list as CRI Status's (HandlerFeatures::named).
-                let features = d.handlers.features(name).enabled();
+                let features = d.handlers.features(&name).enabled();
                 Handler {
-                    name: name.clone(),
+                    name,
                     kind: kind.into(),
                     path,
                     features,
@@ -103,7 +104,7 @@ impl DaemonService for Admin {
         &self,
         req: Request<SetLogLevelRequest>,
     ) -> Result<Response<LogLevel>, Status> {
-        require_root(&req)?;
+        require_root(&req, "changing the log level")?;
         let req = req.into_inner();
         let level = parse_level(&req.level)?;
         let duration = match req.duration_seconds {
@@ -123,10 +124,31 @@ impl DaemonService for Admin {
             .map_err(|e| Status::internal(format!("changing the log level: {e}")))?;
         Ok(Response::new(level_message(state)))
     }
+
+    async fn reload(
+        &self,
+        req: Request<ReloadRequest>,
+    ) -> Result<Response<ReloadResponse>, Status> {
+        require_root(&req, "reloading the config")?;
+        let report = self.ops.reloader.reload(&self.daemon).await.map_err(|e| {
+            // The parser's message quotes the file's line: bounded.
+            Status::failed_precondition(format!(
+                "{}; nothing was changed (the daemon keeps its config)",
+                crust_quote::truncate(&e.to_string(), 2048)
+            ))
+        })?;
+        Ok(Response::new(ReloadResponse {
+            path: report.path,
+            applied: report.applied,
+            restart_required: report.restart_required,
+            overridden_by_flags: report.overridden_by_flags,
+            warnings: report.warnings,
+        }))
+    }
 }
 
-/// Only uid 0 (by the kernel's word on the connection) may.
-fn require_root<T>(req: &Request<T>) -> Result<(), Status> {
+/// Only uid 0 (by the kernel's word on the connection) may do `what`.
+fn require_root<T>(req: &Request<T>, what: &str) -> Result<(), Status> {
     let uid = req
         .extensions()
         .get::<UdsConnectInfo>()
@@ -135,11 +157,11 @@ fn require_root<T>(req: &Request<T>) -> Result<(), Status> {
     match uid {
         Some(0) => Ok(()),
         Some(uid) => Err(Status::permission_denied(format!(
-            "changing the log level is for root only (the caller is uid {uid})"
+            "{what} is for root only (the caller is uid {uid})"
         ))),
-        None => Err(Status::permission_denied(
-            "changing the log level is for root only (the caller's credentials are unknown)",
-        )),
+        None => Err(Status::permission_denied(format!(
+            "{what} is for root only (the caller's credentials are unknown)"
+        ))),
     }
 }
 
@@ -188,7 +210,7 @@ mod tests {
     fn only_root_peers_may_change_the_level() {
         let req = Request::new(());
         assert_eq!(
-            require_root(&req).unwrap_err().code(),
+            require_root(&req, "reloading").unwrap_err().code(),
             tonic::Code::PermissionDenied
         );
     }

@@ -18,7 +18,7 @@ impl Cri {
     ) -> Result<Response<RunPodSandboxResponse>, Status> {
         let req = req.into_inner();
         bounds::run_pod_sandbox(&req)?;
-        let handlers: Vec<String> = self.daemon.handlers.names().cloned().collect();
+        let handlers = self.daemon.handlers.names();
         let spec = PodSpec::from_request_with(req, &handlers).map_err(pod_error)?;
         let d = self.daemon.clone();
         let id = detached(async move { d.lifecycle.run_pod(spec).await }, pod_error).await?;

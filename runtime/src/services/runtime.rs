@@ -42,7 +42,7 @@ impl RuntimeService for Cri {
             // crictl info shows each value parsed as JSON under its key.
             let d = &self.daemon;
             let json = |v: serde_json::Value| v.to_string();
-            info.insert("config".into(), json(serde_json::json!(d.config)));
+            info.insert("config".into(), json(serde_json::json!(*d.live_config())));
             info.insert(
                 "cgroupHierarchy".into(),
                 json(serde_json::json!(d.cgroup_hierarchy)),
@@ -399,6 +399,7 @@ impl Cri {
         let handlers = &self.daemon.handlers;
         handlers
             .names()
+            .iter()
             .any(|name| handlers.features(name).user_namespaces)
     }
 
@@ -407,9 +408,10 @@ impl Cri {
         let handlers = &self.daemon.handlers;
         handlers
             .names()
+            .into_iter()
             .map(|name| RuntimeHandler {
-                name: name.clone(),
-                features: Some(handlers.features(name).to_cri()),
+                features: Some(handlers.features(&name).to_cri()),
+                name,
             })
             .collect()
     }

@@ -15,10 +15,15 @@ pub struct Store {
 }
 
 pub async fn store_with(hosts_dir: Option<&Path>) -> Store {
+    store_configured(|c| c.registry_config_dir = hosts_dir.map(Path::to_path_buf)).await
+}
+
+/// A store whose config `set` adjusts.
+pub async fn store_configured(set: impl FnOnce(&mut crust_image::Config)) -> Store {
     let root = tempfile::tempdir().unwrap();
     let meta = Arc::new(crust_store::Store::open(&root.path().join("meta.db")).unwrap());
     let mut config = crust_image::Config::new(root.path());
-    config.registry_config_dir = hosts_dir.map(Path::to_path_buf);
+    set(&mut config);
     let svc = crust_image::ImageService::open(config, meta).await.unwrap();
     Store { root, svc }
 }

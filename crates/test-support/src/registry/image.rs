@@ -231,6 +231,30 @@ impl Default for ImageSpec<'_> {
     }
 }
 
+/// An image of `layers` layers of 256 KiB noise each (xorshift64: gzip
+/// cannot shrink it), so a blob is many chunks: for registries that stall
+/// or trickle mid-blob.
+pub fn noise_image(layers: usize) -> TestImage {
+    let blobs = (0..layers)
+        .map(|i| {
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ i as u64;
+            let data: Vec<u8> = (0..256 * 1024)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            gzip(&LayerTar::new().file(&format!("data{i}"), &data).finish())
+        })
+        .collect();
+    build(ImageSpec {
+        layers: blobs,
+        ..ImageSpec::default()
+    })
+}
+
 pub fn build(spec: ImageSpec) -> TestImage {
     let diff_ids: Vec<&str> = spec.layers.iter().map(|l| l.diff_id.as_str()).collect();
     let config = serde_json::to_vec(&json!({
