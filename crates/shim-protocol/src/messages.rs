@@ -147,6 +147,20 @@ pub struct ShimConfig {
     /// detaches.
     #[serde(default)]
     pub stdin_once: bool,
+    /// Restore the container from CRIU images instead of creating it: the
+    /// monitor creates nothing at start-up (it reports pid 0) and `Start`
+    /// runs the runtime's `restore --detach` with the stdio it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreConfig>,
+}
+
+/// Where a restored container's CRIU images are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreConfig {
+    /// The CRIU images (the archive's `checkpoint/`).
+    pub image_path: PathBuf,
+    /// criu's logs and scratch files.
+    pub work_path: PathBuf,
 }
 
 /// What the container monitor hands an exec session (`exec.json`).

@@ -112,6 +112,24 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// Whether the container's process was started, as its monitor says
     /// (created, running, stopped); None without a monitor that answers.
     async fn monitor_status(&self, state_dir: &Path) -> Option<Status>;
+    /// The container's init pid as its monitor knows it (a restored
+    /// container's is known only once it is restored).
+    async fn monitor_pid(&self, _state_dir: &Path) -> Option<i32> {
+        None
+    }
+    /// Unpacks checkpoint `archive` for the container: its CRIU images
+    /// into the layer dir, its writable layer's changes into the mounted
+    /// rootfs. Blocking.
+    fn apply_checkpoint(
+        &self,
+        _rec: &ContainerRecord,
+        archive: &Path,
+    ) -> Result<(), ContainerError> {
+        Err(ContainerError::Internal(format!(
+            "this host cannot restore {}",
+            archive.display()
+        )))
+    }
     /// SIGKILLs the container, waits for its monitor to leave and kills
     /// the monitor if it does not. False if no monitor runs.
     async fn reap_monitor(&self, state_dir: &Path) -> bool;
@@ -382,6 +400,19 @@ impl ContainerHost for RealContainerHost {
     async fn monitor_status(&self, state_dir: &Path) -> Option<Status> {
         let m = Monitor::connect(state_dir).ok()?;
         m.state().await.ok().map(|s| s.status)
+    }
+
+    async fn monitor_pid(&self, state_dir: &Path) -> Option<i32> {
+        let m = Monitor::connect(state_dir).ok()?;
+        m.state().await.ok().map(|s| s.pid).filter(|&p| p > 0)
+    }
+
+    fn apply_checkpoint(&self, rec: &ContainerRecord, archive: &Path) -> Result<(), ContainerError> {
+        super::restore::unpack(
+            archive,
+            &rec.rootfs,
+            &super::restore::CheckpointArchive::images_dir(&rec.layer_dir),
+        )
     }
 
     async fn reap_monitor(&self, state_dir: &Path) -> bool {

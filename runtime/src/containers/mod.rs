@@ -23,6 +23,7 @@
 
 mod cdi;
 mod checkpoint;
+pub mod restore;
 mod error;
 pub mod host;
 mod image_names;

@@ -80,3 +80,45 @@ impl Cri {
         Ok(Response::new(CheckpointContainerResponse {}))
     }
 }
+
+/// CreateContainer whose image is a checkpoint archive: checked in the
+/// order a client can act on (a damaged archive, a missing base image, a
+/// handler that cannot restore, a node where criu cannot work), nothing
+/// written before all pass; then created as `containers::restore` says.
+pub(super) async fn restore_container(
+    d: std::sync::Arc<crate::daemon::Daemon>,
+    pod_id: String,
+    config: Option<ContainerConfig>,
+    archive: std::path::PathBuf,
+) -> Result<String, Status> {
+    use crate::containers::restore;
+    let archive = tokio::task::spawn_blocking(move || restore::read_archive(&archive))
+        .await
+        .map_err(|e| status(Code::Internal, e.to_string()))?
+        .map_err(container_error)?;
+    d.containers
+        .check_restore_image(&archive)
+        .map_err(container_error)?;
+    if let Ok(pod) = d.pods.get(&pod_id)
+        && let Some(RuntimeConfig::Embedded { .. }) = d.handlers.get(&pod.runtime_handler)
+    {
+        return Err(status(
+            Code::Unimplemented,
+            format!(
+                "restoring a checkpoint is not implemented by crust for the embedded handler \
+                 (pod sandbox {} runs on handler {:?}); the runc handler restores",
+                pod.id, pod.runtime_handler
+            ),
+        ));
+    }
+    if let Availability::Unavailable(why) = d.checkpoint.availability().await {
+        return Err(status(
+            Code::FailedPrecondition,
+            format!("restoring a checkpoint is not possible on this node: {why}"),
+        ));
+    }
+    d.lifecycle
+        .create_container_from(&pod_id, config, Some(&archive))
+        .await
+        .map_err(container_error)
+}

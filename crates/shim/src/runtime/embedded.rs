@@ -273,6 +273,13 @@ impl OciRuntime for EmbeddedRuntime {
         ))
     }
 
+    fn restore(&self, _id: &str, _opts: super::RestoreOptions<'_>) -> Result<i32> {
+        // The daemon refuses such a restore before it gets here.
+        Err(RuntimeError::new(
+            "the embedded handler cannot restore a checkpoint (the runc handler can)",
+        ))
+    }
+
     fn update(&self, id: &str, resources: &Path) -> Result<()> {
         use libcgroups::common::{
             CgroupConfig, CgroupManager, ControllerOpt, create_cgroup_manager,
