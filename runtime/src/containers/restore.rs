@@ -41,6 +41,7 @@ pub struct CheckpointArchive {
 
 impl CheckpointArchive {
     /// The paths a restore writes into the container's layer dir.
+    /// Named `checkpoint`, as in the archive (see [`unpack`]).
     pub fn images_dir(layer_dir: &Path) -> PathBuf {
         layer_dir.join(RESTORE_DIR).join("checkpoint")
     }
@@ -193,7 +194,12 @@ pub fn restored_config(archive: &CheckpointArchive, request: &ContainerConfig) -
 /// its upper dir, deletions become whiteouts), never writing outside
 /// either. Blocking.
 pub fn unpack(archive: &Path, rootfs: &Path, images: &Path) -> Result<(), ContainerError> {
-    fs::create_dir_all(images).map_err(|e| internal("creating", images, e))?;
+    // `checkpoint/...` entries land in `images` (named so); criu's work
+    // dir next to it.
+    let restore_dir = images.parent().unwrap_or(images);
+    for d in [images.to_path_buf(), restore_dir.join("work")] {
+        fs::create_dir_all(&d).map_err(|e| internal("creating", &d, e))?;
+    }
     let file = fs::File::open(archive).map_err(|e| bad(archive, e))?;
     let mut tar = tar::Archive::new(io::BufReader::new(file));
     let mut deleted: Vec<String> = Vec::new();
@@ -211,7 +217,7 @@ pub fn unpack(archive: &Path, rootfs: &Path, images: &Path) -> Result<(), Contai
             }
             entry.set_preserve_mtime(true);
             entry
-                .unpack_in(images)
+                .unpack_in(restore_dir)
                 .map_err(|e| bad(archive, format!("{name}: {e}")))?;
         } else if name == "rootfs-diff.tar" {
             had_diff = true;
