@@ -516,7 +516,8 @@ async fn restore_where_criu_cannot_work_is_a_failed_precondition() {
         .expect_err("restored where criu cannot work");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(
-        err.message().contains("restoring a checkpoint is not possible")
+        err.message()
+            .contains("restoring a checkpoint is not possible")
             && err.message().contains(info["reason"].as_str().unwrap()),
         "{err:?}"
     );
@@ -582,7 +583,11 @@ async fn restore_into_a_new_pod_continues_from_the_checkpoint() {
         .unwrap_or_else(|err| panic!("CreateContainer (restore): {err:?}\n{}", e.d.logs()));
     let created_in = started.elapsed();
     let s = container_status(&mut e.rt, &id).await.status.unwrap();
-    assert_eq!(s.state, v1::ContainerState::ContainerCreated as i32, "{s:?}");
+    assert_eq!(
+        s.state,
+        v1::ContainerState::ContainerCreated as i32,
+        "{s:?}"
+    );
     e.rt.start_container(v1::StartContainerRequest {
         container_id: id.clone(),
     })
@@ -594,7 +599,11 @@ async fn restore_into_a_new_pod_continues_from_the_checkpoint() {
     );
     let status = container_status(&mut e.rt, &id).await;
     let s = status.status.unwrap();
-    assert_eq!(s.state, v1::ContainerState::ContainerRunning as i32, "{s:?}");
+    assert_eq!(
+        s.state,
+        v1::ContainerState::ContainerRunning as i32,
+        "{s:?}"
+    );
     assert_eq!(s.metadata.unwrap().name, "restored");
     let pid = serde_json::from_str::<serde_json::Value>(&status.info["info"]).unwrap()["pid"]
         .as_i64()
@@ -603,7 +612,10 @@ async fn restore_into_a_new_pod_continues_from_the_checkpoint() {
 
     // Counting on from the checkpoint's state, not from 0.
     let first = count(&mut e, &id).await;
-    assert!(first >= before, "restored at {first}, checkpointed after {before}");
+    assert!(
+        first >= before,
+        "restored at {first}, checkpointed after {before}"
+    );
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let later = count(&mut e, &id).await;
     assert!(later > first, "the restored counter stands at {first}");

@@ -407,7 +407,11 @@ impl ContainerHost for RealContainerHost {
         m.state().await.ok().map(|s| s.pid).filter(|&p| p > 0)
     }
 
-    fn apply_checkpoint(&self, rec: &ContainerRecord, archive: &Path) -> Result<(), ContainerError> {
+    fn apply_checkpoint(
+        &self,
+        rec: &ContainerRecord,
+        archive: &Path,
+    ) -> Result<(), ContainerError> {
         super::restore::unpack(
             archive,
             &rec.rootfs,

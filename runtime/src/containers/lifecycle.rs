@@ -368,10 +368,13 @@ impl Containers {
                 stdin_once: config.stdin_once,
                 keep_spec: true,
                 timeout: CREATE_TIMEOUT,
-                restore: rec.restore.as_ref().map(|_| crust_shim_protocol::RestoreConfig {
-                    image_path: super::restore::CheckpointArchive::images_dir(&rec.layer_dir),
-                    work_path: super::restore::CheckpointArchive::work_dir(&rec.layer_dir),
-                }),
+                restore: rec
+                    .restore
+                    .as_ref()
+                    .map(|_| crust_shim_protocol::RestoreConfig {
+                        image_path: super::restore::CheckpointArchive::images_dir(&rec.layer_dir),
+                        work_path: super::restore::CheckpointArchive::work_dir(&rec.layer_dir),
+                    }),
             })
             .await?;
         crash::point("container.create.launched");

@@ -23,13 +23,13 @@
 
 mod cdi;
 mod checkpoint;
-pub mod restore;
 mod error;
 pub mod host;
 mod image_names;
 mod lifecycle;
 mod record;
 mod recovery;
+pub mod restore;
 mod spec;
 mod validate;
 

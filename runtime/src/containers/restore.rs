@@ -104,8 +104,8 @@ pub fn read_archive(path: &Path) -> Result<CheckpointArchive, ContainerError> {
                 if data.len() as u64 > MAX_METADATA {
                     return Err(bad(path, format!("{name} is larger than 16 MiB")));
                 }
-                let v: serde_json::Value = serde_json::from_slice(&data)
-                    .map_err(|e| bad(path, format!("{name}: {e}")))?;
+                let v: serde_json::Value =
+                    serde_json::from_slice(&data).map_err(|e| bad(path, format!("{name}: {e}")))?;
                 if name == "restore.json" {
                     restore_json = Some(v);
                 }
