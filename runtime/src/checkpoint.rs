@@ -4,29 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// The `[checkpoint]` table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CheckpointConfig {
-    /// Off: CheckpointContainer answers FailedPrecondition without asking
-    /// criu. On (the default): checkpointing works where `criu check`
-    /// passes.
-    pub enable: bool,
-    /// The criu binary (absolute, or a name looked up in the usual
-    /// sbin/bin dirs).
-    pub criu_path: PathBuf,
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        CheckpointConfig {
-            enable: true,
-            criu_path: PathBuf::from("criu"),
-        }
-    }
-}
+pub use crate::config::CheckpointConfig;
 
 /// `criu check` probes the kernel (it forks, maps, ptraces); it takes well
 /// under a second on a host and a few in an emulated VM.
