@@ -29,7 +29,7 @@ RUN_ARGS ?=
 # Debian packages: what the daemon uses at run time, and what tests add.
 RUN_PACKAGES := runc crun containernetworking-plugins iptables iproute2 libseccomp2
 BUILD_PACKAGES := build-essential pkg-config libseccomp-dev
-TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static python3-venv
+TEST_PACKAGES := $(RUN_PACKAGES) $(BUILD_PACKAGES) docker-registry busybox-static python3-venv criu
 # PyPI packages of the tests' independent peers (a grpc-core client, the
 # Prometheus project's own text parser), in a venv under target/.
 TEST_VENV := target/test-venv
@@ -48,7 +48,8 @@ VM_TEST_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation@
 VM_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation crust-tests:pods \
 	crust-tests:containers \
 	crust-tests:streaming crust-shim:e2e@cgroupfs crust-linux:pod_sandbox@cgroupfs \
-	crust-network:cni_plugins@cgroupfs crust-tests:apparmor@cgroupfs crust-tests:systemd_unit
+	crust-network:cni_plugins@cgroupfs crust-tests:apparmor@cgroupfs crust-tests:systemd_unit \
+	crust-tests:checkpoint@cgroupfs
 TEST_LOG_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-metrics deps-run deps-test deps-vm deps-bench fmt lint critest clean

@@ -47,8 +47,33 @@ pub struct Config {
     /// least 8192. Set it well above kubelet's `containerLogMaxSize`
     /// (e.g. 4 times): kubelet checks sizes only every 10 s.
     pub log_size_max: u64,
+    /// CheckpointContainer with CRIU.
+    pub checkpoint: CheckpointConfig,
     /// Image pulls: how long a download may stall, how many layers at once.
     pub image: ImageSection,
+}
+
+/// The `[checkpoint]` table (here, not in `checkpoint`: the config
+/// depends on no module that depends on it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Off: CheckpointContainer answers FailedPrecondition without asking
+    /// criu. On (the default): checkpointing works where `criu check`
+    /// passes.
+    pub enable: bool,
+    /// The criu binary (absolute, or a name looked up in the usual
+    /// sbin/bin dirs).
+    pub criu_path: PathBuf,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            enable: true,
+            criu_path: PathBuf::from("criu"),
+        }
+    }
 }
 
 /// The `[image]` table: how images are pulled.
@@ -261,6 +286,7 @@ impl Default for Config {
             nri: crust_nri::Config::default(),
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             log_size_max: 0,
+            checkpoint: Default::default(),
             image: ImageSection::default(),
         }
     }

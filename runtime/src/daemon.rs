@@ -69,6 +69,8 @@ pub struct Daemon {
     pub metrics: Arc<Metrics>,
     /// Open exec / attach / port-forward sessions.
     pub sessions: Arc<Sessions>,
+    /// CRIU on the node (CheckpointContainer), checked on first use.
+    pub checkpoint: Arc<crate::checkpoint::Checkpointing>,
     /// This daemon's hold on the run dir, for its lifetime.
     _run_dir_lock: Flock<File>,
 }
@@ -177,6 +179,9 @@ impl Daemon {
         let nri = start_nri(&config, &pods, &containers).await?;
         Ok(Daemon {
             lifecycle: Lifecycle::new(pods.clone(), containers.clone(), stats.clone(), nri),
+            checkpoint: Arc::new(crate::checkpoint::Checkpointing::new(
+                config.checkpoint.clone(),
+            )),
             live_config: RwLock::new(Arc::new(config.clone())),
             launcher: daemon_launcher,
             config,

@@ -181,7 +181,7 @@ fn resolve(config: &Config) -> BTreeMap<String, RuntimeConfig> {
     out
 }
 
-fn find_in_path(p: &Path) -> Option<PathBuf> {
+pub(crate) fn find_in_path(p: &Path) -> Option<PathBuf> {
     if p.is_absolute() {
         return p.is_file().then(|| p.to_path_buf());
     }

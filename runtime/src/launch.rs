@@ -42,6 +42,8 @@ pub struct Launch {
     pub keep_spec: bool,
     /// How long the monitor may take to create the container.
     pub timeout: Duration,
+    /// Restore it from these CRIU images at start instead of creating it.
+    pub restore: Option<crust_shim_protocol::RestoreConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +143,7 @@ impl Launcher {
                 tty,
                 stdin: launch.stdin,
                 stdin_once: launch.stdin_once,
+                restore: launch.restore.clone(),
             },
             timeout: launch.timeout,
         };

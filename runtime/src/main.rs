@@ -47,6 +47,7 @@ mod api_version;
 mod authority;
 mod cgroups;
 mod check;
+mod checkpoint;
 mod cli;
 mod clock;
 mod config;

@@ -99,6 +99,16 @@ impl Monitor {
         timed(CALL_TIMEOUT, self.shim.update(resources)).await
     }
 
+    /// Checkpoints the running container with CRIU; it keeps running.
+    pub async fn checkpoint(
+        &self,
+        image_path: &Path,
+        work_path: &Path,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.shim.checkpoint(image_path, work_path, timeout).await
+    }
+
     pub async fn reopen_log(&self) -> Result<(), Error> {
         timed(CALL_TIMEOUT, self.shim.reopen_log()).await
     }

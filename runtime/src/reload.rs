@@ -9,8 +9,9 @@
 //!   `image.*`, `cdi_spec_dirs`, `log_size_max`,
 //!   `nri.plugin_registration_timeout`, `nri.plugin_request_timeout`;
 //! - restart: `socket`, `root`, `run_dir`, `cgroup_driver`, `shim_binary`,
-//!   `network.*`, `streaming.*`, `metrics.*` and the rest of `nri.*`
-//!   (sockets, listeners and state already in use).
+//!   `network.*`, `streaming.*`, `metrics.*`, `checkpoint.*` and the rest
+//!   of `nri.*` (sockets, listeners and state already in use; criu's
+//!   check is run once at start).
 //!
 //! Flags win over the file at a reload as at start. Pods and containers
 //! keep what they were created with: a container's record holds its
@@ -236,6 +237,7 @@ fn keep_restart_only(next: &mut Config, old: &Config) {
     next.network = old.network.clone();
     next.streaming = old.streaming.clone();
     next.metrics = old.metrics.clone();
+    next.checkpoint = old.checkpoint.clone();
     let timeouts = (
         next.nri.plugin_registration_timeout,
         next.nri.plugin_request_timeout,

@@ -143,6 +143,25 @@ impl Shim {
         .await
     }
 
+    /// Checkpoints the running container with CRIU (it keeps running),
+    /// giving up after `timeout`.
+    pub async fn checkpoint(
+        &self,
+        image_path: &std::path::Path,
+        work_path: &std::path::Path,
+        timeout: Duration,
+    ) -> Result<()> {
+        let req = Request::Checkpoint {
+            image_path: image_path.to_path_buf(),
+            work_path: work_path.to_path_buf(),
+        };
+        let mut sock = self.connect_to(CONTROL_SOCKET).await?;
+        match within(Some(timeout), Self::request(&mut sock, &req)).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Reopens the CRI log file.
     pub async fn reopen_log(&self) -> Result<()> {
         self.expect_done(&Request::ReopenLog).await

@@ -147,6 +147,20 @@ pub struct ShimConfig {
     /// detaches.
     #[serde(default)]
     pub stdin_once: bool,
+    /// Restore the container from CRIU images instead of creating it: the
+    /// monitor creates nothing at start-up (it reports pid 0) and `Start`
+    /// runs the runtime's `restore --detach` with the stdio it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreConfig>,
+}
+
+/// Where a restored container's CRIU images are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreConfig {
+    /// The CRIU images (the archive's `checkpoint/`).
+    pub image_path: PathBuf,
+    /// criu's logs and scratch files.
+    pub work_path: PathBuf,
 }
 
 /// What the container monitor hands an exec session (`exec.json`).
@@ -202,6 +216,12 @@ pub enum Request {
     Resize { width: u16, height: u16 },
     /// Answer when the container has exited (with its [`ExitInfo`]).
     Wait,
+    /// Dump the running container with CRIU into `image_path` (criu's
+    /// logs and scratch files in `work_path`); the container keeps running.
+    Checkpoint {
+        image_path: std::path::PathBuf,
+        work_path: std::path::PathBuf,
+    },
 }
 
 /// The command of an exec or exec-sync.

@@ -818,3 +818,36 @@ async fn many_waiters(rt: Rt) {
     assert_eq!(shim.wait().await.unwrap().exit_code, 0);
 }
 both!(many_waiters);
+
+/// A monitor told to restore (`ShimConfig.restore`) creates nothing until
+/// Start: it reports pid 0; a Kill before Start ends it without signalling
+/// anything (pid 0 would be its own process group: the monitor would die
+/// and Wait fail); a restore that fails (no CRIU images) ends it with 128
+/// and an error naming `runc restore`, leaving no cgroup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_is_deferred_to_start() {
+    require(Rt::Runc);
+    let restore_config = |f: &Fixture| {
+        let mut cfg = f.config(false, false, false);
+        cfg.restore = Some(crust_shim_protocol::RestoreConfig {
+            image_path: f.tmp.path().join("images"),
+            work_path: f.tmp.path().join("work"),
+        });
+        cfg
+    };
+    let mut f = Fixture::new(Rt::Runc, "restore-kill", &["sleep", "1000"], false);
+    let shim = f.spawn_with(restore_config(&f)).await.unwrap();
+    assert_eq!(shim.pid(), 0);
+    assert_eq!(shim.state().await.unwrap().status, Status::Created);
+    shim.kill(9, false).await.unwrap();
+    let e = shim.wait().await.unwrap();
+    assert_eq!((e.exit_code, e.pid), (137, 0));
+
+    let mut g = Fixture::new(Rt::Runc, "restore-fail", &["sleep", "1000"], false);
+    fs::create_dir_all(g.tmp.path().join("images")).unwrap();
+    let shim = g.spawn_with(restore_config(&g)).await.unwrap();
+    let err = shim.start().await.unwrap_err();
+    assert!(err.to_string().contains("runc restore"), "{err}");
+    assert_eq!(shim.wait().await.unwrap().exit_code, 128);
+    assert!(eventually(Duration::from_secs(5), || g.cgroup_dirs().is_empty()).await);
+}

@@ -76,6 +76,9 @@ fn render(s: &crust_api::admin::v1::StatusResponse, with_config: bool) -> String
         "containers:     {}",
         counts(&s.containers, &["running", "created", "exited"])
     );
+    if !s.checkpoint.is_empty() {
+        let _ = writeln!(out, "checkpoint:     {}", s.checkpoint);
+    }
     let _ = writeln!(out, "handlers:");
     for h in &s.handlers {
         let name = if h.name.is_empty() {

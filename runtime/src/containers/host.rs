@@ -90,6 +90,15 @@ pub trait ContainerHost: Send + Sync + 'static {
     async fn wait(&self, state_dir: &Path) -> Result<(), ContainerError>;
     async fn update(&self, state_dir: &Path, resources: &Value) -> Result<(), ContainerError>;
     async fn reopen_log(&self, state_dir: &Path) -> Result<(), ContainerError>;
+    /// CRIU images of the running container into `image_path`, through
+    /// its monitor (which keeps owning the process).
+    async fn checkpoint(
+        &self,
+        state_dir: &Path,
+        image_path: &Path,
+        work_path: &Path,
+        timeout: std::time::Duration,
+    ) -> Result<(), ContainerError>;
     async fn exec_sync(
         &self,
         state_dir: &Path,
@@ -103,6 +112,24 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// Whether the container's process was started, as its monitor says
     /// (created, running, stopped); None without a monitor that answers.
     async fn monitor_status(&self, state_dir: &Path) -> Option<Status>;
+    /// The container's init pid as its monitor knows it (a restored
+    /// container's is known only once it is restored).
+    async fn monitor_pid(&self, _state_dir: &Path) -> Option<i32> {
+        None
+    }
+    /// Unpacks checkpoint `archive` for the container: its CRIU images
+    /// into the layer dir, its writable layer's changes into the mounted
+    /// rootfs. Blocking.
+    fn apply_checkpoint(
+        &self,
+        _rec: &ContainerRecord,
+        archive: &Path,
+    ) -> Result<(), ContainerError> {
+        Err(ContainerError::Internal(format!(
+            "this host cannot restore {}",
+            archive.display()
+        )))
+    }
     /// SIGKILLs the container, waits for its monitor to leave and kills
     /// the monitor if it does not. False if no monitor runs.
     async fn reap_monitor(&self, state_dir: &Path) -> bool;
@@ -331,6 +358,19 @@ impl ContainerHost for RealContainerHost {
             .map_err(ContainerError::from_monitor)
     }
 
+    async fn checkpoint(
+        &self,
+        state_dir: &Path,
+        image_path: &Path,
+        work_path: &Path,
+        timeout: std::time::Duration,
+    ) -> Result<(), ContainerError> {
+        connect(state_dir)?
+            .checkpoint(image_path, work_path, timeout)
+            .await
+            .map_err(ContainerError::from_monitor)
+    }
+
     async fn reopen_log(&self, state_dir: &Path) -> Result<(), ContainerError> {
         connect(state_dir)?
             .reopen_log()
@@ -360,6 +400,23 @@ impl ContainerHost for RealContainerHost {
     async fn monitor_status(&self, state_dir: &Path) -> Option<Status> {
         let m = Monitor::connect(state_dir).ok()?;
         m.state().await.ok().map(|s| s.status)
+    }
+
+    async fn monitor_pid(&self, state_dir: &Path) -> Option<i32> {
+        let m = Monitor::connect(state_dir).ok()?;
+        m.state().await.ok().map(|s| s.pid).filter(|&p| p > 0)
+    }
+
+    fn apply_checkpoint(
+        &self,
+        rec: &ContainerRecord,
+        archive: &Path,
+    ) -> Result<(), ContainerError> {
+        super::restore::unpack(
+            archive,
+            &rec.rootfs,
+            &super::restore::CheckpointArchive::images_dir(&rec.layer_dir),
+        )
     }
 
     async fn reap_monitor(&self, state_dir: &Path) -> bool {

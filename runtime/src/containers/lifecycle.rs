@@ -47,12 +47,15 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
 impl Containers {
     /// CreateContainer, with `config` from [`validate::checked_config`]
     /// and its pod as the pod is now; `hook` sees the spec before the
-    /// container is created.
+    /// container is created. With `restore` (a checkpoint archive, see
+    /// `restore.rs`), the container's writable layer gets the archive's
+    /// changes and its monitor restores the processes at StartContainer.
     pub async fn create(
         self: &Arc<Self>,
         pod: PodView,
         config: ContainerConfig,
         hook: &dyn SpecHook,
+        restore: Option<PathBuf>,
     ) -> Result<String, ContainerError> {
         let md = config.metadata.clone().unwrap_or_default();
         if !pod.ready {
@@ -76,6 +79,12 @@ impl Containers {
                 pod.runtime_handler
             ))
         })?;
+        if restore.is_some() && !matches!(runtime, crust_shim_protocol::RuntimeConfig::Cli { .. }) {
+            return Err(ContainerError::FailedPrecondition(format!(
+                "the pod's runtime handler {:?} cannot restore a checkpoint (the runc handler can)",
+                pod.runtime_handler
+            )));
+        }
         let key = (pod.id.clone(), md.name.clone(), md.attempt);
         let id = self
             .index
@@ -139,6 +148,7 @@ impl Containers {
             image_volumes: Default::default(),
             start_requested_at: 0,
             cgroups_path: None,
+            restore,
         };
         if let Err(e) = self.store_put(&rec).await {
             self.index.release(&key);
@@ -215,6 +225,10 @@ impl Containers {
                 .map(|(rel, _)| rel)
                 .collect();
                 host.prepare_mount_points(&r.rootfs, &pod_files)?;
+                if let Some(archive) = &r.restore {
+                    host.apply_checkpoint(&r, archive)?;
+                    crash::point("container.create.restored_layer");
+                }
                 // The working dir through the image's symlinks: a link to
                 // /proc/self/fd/N is the same escape as naming it (a bad
                 // path itself is refused by the spec below).
@@ -354,6 +368,13 @@ impl Containers {
                 stdin_once: config.stdin_once,
                 keep_spec: true,
                 timeout: CREATE_TIMEOUT,
+                restore: rec
+                    .restore
+                    .as_ref()
+                    .map(|_| crust_shim_protocol::RestoreConfig {
+                        image_path: super::restore::CheckpointArchive::images_dir(&rec.layer_dir),
+                        work_path: super::restore::CheckpointArchive::work_dir(&rec.layer_dir),
+                    }),
             })
             .await?;
         crash::point("container.create.launched");
@@ -566,6 +587,24 @@ impl Containers {
         }
         rec.state = ContainerState::Running;
         rec.started_at = now_ns();
+        if rec.restore.is_some() {
+            // The restored init's pid is known only now; the CRIU images
+            // are not needed any more.
+            if let Some(pid) = self.host.monitor_pid(&rec.state_dir).await {
+                rec.pid = pid;
+            }
+            let dir = rec.layer_dir.join(super::restore::RESTORE_DIR);
+            let _ = blocking(move || {
+                match std::fs::remove_dir_all(&dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        warn!("removing the CRIU images {}: {e}", dir.display())
+                    }
+                    _ => {}
+                }
+                Ok::<(), ContainerError>(())
+            })
+            .await;
+        }
         self.store_put(&rec).await?;
         crash::point("container.start.running");
         entry.set(rec.clone());

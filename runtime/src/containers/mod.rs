@@ -22,12 +22,14 @@
 //!   its image.
 
 mod cdi;
+mod checkpoint;
 mod error;
 pub mod host;
 mod image_names;
 mod lifecycle;
 mod record;
 mod recovery;
+pub mod restore;
 mod spec;
 mod validate;
 

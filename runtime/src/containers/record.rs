@@ -104,6 +104,10 @@ pub struct ContainerRecord {
     /// tells).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroups_path: Option<String>,
+    /// The checkpoint archive it is created from (StartContainer restores
+    /// its processes instead of starting new ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<PathBuf>,
 }
 
 /// What of the request's ImageSpec a container's status repeats.

@@ -274,6 +274,18 @@ impl ContainerHost for FakeContainerHost {
         Ok(())
     }
 
+    async fn checkpoint(
+        &self,
+        _state_dir: &Path,
+        _image_path: &Path,
+        _work_path: &Path,
+        _timeout: std::time::Duration,
+    ) -> Result<(), ContainerError> {
+        Err(ContainerError::FailedPrecondition(
+            "the fake host cannot checkpoint".into(),
+        ))
+    }
+
     async fn reopen_log(&self, state_dir: &Path) -> Result<(), ContainerError> {
         self.journal.push(Effect::ReopenLog(id_of(state_dir)));
         Ok(())

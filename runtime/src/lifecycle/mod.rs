@@ -203,7 +203,24 @@ impl Lifecycle {
         pod_id: &str,
         config: Option<ContainerConfig>,
     ) -> Result<String, ContainerError> {
-        let config = checked_config(config)?;
+        self.create_container_from(pod_id, config, None).await
+    }
+
+    /// CreateContainer; with `restore`, from that checkpoint archive (its
+    /// CRI config adapted to the request, see `containers::restore`).
+    pub async fn create_container_from(
+        &self,
+        pod_id: &str,
+        config: Option<ContainerConfig>,
+        restore: Option<&crate::containers::restore::CheckpointArchive>,
+    ) -> Result<String, ContainerError> {
+        let mut config = checked_config(config)?;
+        if let Some(archive) = restore {
+            // The archive's config is checked as a request's would be.
+            config = checked_config(Some(crate::containers::restore::restored_config(
+                archive, &config,
+            )))?;
+        }
         let pod = self.pods.get(pod_id).map_err(|e| match e {
             PodError::NotFound(m) => ContainerError::NotFound(m),
             PodError::InvalidArgument(m) => ContainerError::InvalidArgument(m),
@@ -211,7 +228,10 @@ impl Lifecycle {
         })?;
         let view = self.pod_view(&pod);
         let hook = NriCreate::new(&self.nri, &pod);
-        let created = self.containers.create(view, config, &hook).await;
+        let created = self
+            .containers
+            .create(view, config, &hook, restore.map(|a| a.path.clone()))
+            .await;
         hook.release();
         let Some((shown_pod, shown)) = hook.sent() else {
             return created;

@@ -520,6 +520,7 @@ mod tests {
             started_at: 0,
             start_requested_at: 0,
             cgroups_path: None,
+            restore: None,
             image_volumes: Default::default(),
             finished_at: 0,
             exit_code: 0,

@@ -191,6 +191,7 @@ pub fn launch(
         stdin_once: false,
         keep_spec: false,
         timeout: CREATE_TIMEOUT,
+        restore: None,
     })
 }
 

@@ -7,6 +7,7 @@
 mod admin;
 pub(crate) mod bounds;
 mod check;
+mod checkpoint;
 mod container;
 mod events;
 mod image;
@@ -61,18 +62,6 @@ pub fn batched<T: Clone, R: Send + 'static>(
         .collect();
     Box::pin(tokio_stream::iter(batches))
 }
-
-/// The answer of an RPC whose feature has not been built yet: a clear
-/// Unimplemented naming it, never a fake success.
-macro_rules! not_yet {
-    ($rpc:literal) => {
-        Err(tonic::Status::unimplemented(concat!(
-            $rpc,
-            " is not implemented by crust yet"
-        )))
-    };
-}
-pub(crate) use not_yet;
 
 /// Runs a lifecycle operation as its own task, so that a client going away
 /// mid-call (the RPC future is dropped) cannot cut it off halfway.

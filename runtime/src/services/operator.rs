@@ -66,6 +66,7 @@ impl DaemonService for Admin {
             }
             .into(),
             handlers,
+            checkpoint: d.checkpoint.availability().await.summary(),
             pods: by_state(&counts.pods),
             containers: by_state(&counts.containers),
             socket: d.config.socket.display().to_string(),

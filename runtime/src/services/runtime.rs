@@ -8,7 +8,7 @@ use crust_api::v1::*;
 use crust_network::config as cni_config;
 use tonic::{Request, Response, Status};
 
-use super::{Cri, ResponseStream, internal, not_yet};
+use super::{Cri, ResponseStream, internal};
 use crate::api_version::ApiVersion;
 use crate::config::CgroupDriver as ConfiguredDriver;
 
@@ -49,6 +49,10 @@ impl RuntimeService for Cri {
             );
             info.insert("podCIDRs".into(), json(serde_json::json!(d.pod_cidrs())));
             info.insert("apparmor".into(), json(d.apparmor.status_info()));
+            info.insert(
+                "checkpoint".into(),
+                json(d.checkpoint.availability().await.status_info()),
+            );
         }
         Ok(Response::new(StatusResponse {
             status: Some(RuntimeStatus {
@@ -343,9 +347,9 @@ impl RuntimeService for Cri {
 
     async fn checkpoint_container(
         &self,
-        _req: Request<CheckpointContainerRequest>,
+        req: Request<CheckpointContainerRequest>,
     ) -> Result<Response<CheckpointContainerResponse>, Status> {
-        not_yet!("CheckpointContainer")
+        self.checkpoint_container_impl(req).await
     }
 
     type GetContainerEventsStream = ResponseStream<ContainerEventResponse>;

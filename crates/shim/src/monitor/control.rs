@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
+use std::path::Path;
 
 use crust_linux::poll::PollFlags;
 use crust_shim_protocol::{
@@ -234,6 +235,12 @@ impl Monitor {
             Request::Update { resources } => {
                 self.container_only().and_then(|_| self.update(&resources))
             }
+            Request::Checkpoint {
+                image_path,
+                work_path,
+            } => self
+                .container_only()
+                .and_then(|_| self.checkpoint(&image_path, &work_path)),
             Request::ReopenLog => self.io.reopen_log().map(|_| Reply::Done),
             Request::Resize { width, height } => self.io.resize(width, height).map(|_| Reply::Done),
             Request::ExecSync(req) => {
@@ -265,6 +272,12 @@ impl Monitor {
     }
 
     fn start(&mut self) -> Result<Reply, Error> {
+        if self.status == Status::Created
+            && self.reaped.is_none()
+            && let Some((restore, stdio)) = self.pending_restore.take()
+        {
+            return self.restore(&restore, stdio);
+        }
         match self.status {
             Status::Created if self.reaped.is_none() => {
                 self.runtime.start(&self.id)?;
@@ -276,9 +289,55 @@ impl Monitor {
         }
     }
 
+    /// Blocks the loop while criu restores (the output pipes fill at most
+    /// until then); a failure leaves no process, so the monitor ends as if
+    /// it had exited (128, as a failed start is reported).
+    fn restore(
+        &mut self,
+        restore: &crust_shim_protocol::RestoreConfig,
+        stdio: crate::runtime::Stdio,
+    ) -> Result<Reply, Error> {
+        let pid_file = self.dir.join(crust_shim_protocol::CONTAINER_PID_FILE);
+        let r = self.runtime.restore(
+            &self.id,
+            crate::runtime::RestoreOptions {
+                bundle: &self.bundle,
+                pid_file: &pid_file,
+                image_path: &restore.image_path,
+                work_path: &restore.work_path,
+                stdio,
+            },
+        );
+        match r {
+            Ok(pid) => {
+                self.pid = pid;
+                self.oom = super::oom::OomWatch::for_pid(pid);
+                self.status = Status::Running;
+                Ok(Reply::Done)
+            }
+            Err(e) => {
+                self.never_ran(crust_linux::children::ChildExit::Exited(128));
+                Err(e.into())
+            }
+        }
+    }
+
+    /// A restore that never ran (failed, or killed before `Start`): the
+    /// monitor records the end and exits; there is no process to reap.
+    fn never_ran(&mut self, exit: crust_linux::children::ChildExit) {
+        self.pending_restore = None;
+        self.reaped = Some((exit, std::time::SystemTime::now()));
+    }
+
     fn kill(&mut self, signal: i32, all: bool) -> Result<Reply, Error> {
         if self.exit.is_some() || self.reaped.is_some() {
             // Idempotent: it is already gone.
+            return Ok(Reply::Done);
+        }
+        if self.pid == 0 && self.mode == Mode::Container {
+            // A restore not started: nothing runs; never signal pid 0
+            // (our own process group).
+            self.never_ran(crust_linux::children::ChildExit::Signaled(signal));
             return Ok(Reply::Done);
         }
         if !crust_linux::process::is_valid_signal(signal) {
@@ -291,6 +350,16 @@ impl Monitor {
             // reaped, so its pid cannot have been reused.
             crust_linux::process::send_signal(self.pid, signal).map_err(Error::io("kill"))?;
         }
+        Ok(Reply::Done)
+    }
+
+    /// Blocks the monitor's loop while criu dumps: the container is frozen
+    /// meanwhile anyway, and its output waits in the pipes.
+    fn checkpoint(&mut self, image_path: &Path, work_path: &Path) -> Result<Reply, Error> {
+        if self.exit.is_some() || self.status != Status::Running {
+            return Err(Error::FailedPrecondition("the container is not running"));
+        }
+        self.runtime.checkpoint(&self.id, image_path, work_path)?;
         Ok(Reply::Done)
     }
 

@@ -186,6 +186,9 @@ struct Monitor {
     linger_until: Option<Instant>,
     /// When to give back memory touched by the last burst of work.
     trim_at: Option<Instant>,
+    /// A container to be restored from CRIU images at `Start`, with the
+    /// stdio its restored processes get; `pid` is 0 until then.
+    pending_restore: Option<(crust_shim_protocol::RestoreConfig, crate::runtime::Stdio)>,
 }
 
 impl Monitor {

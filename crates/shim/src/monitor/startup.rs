@@ -157,6 +157,7 @@ struct Settings {
     /// The CRI log and its size cap.
     log: Option<(LogTarget, u64)>,
     attach_timeout: Option<Duration>,
+    restore: Option<crust_shim_protocol::RestoreConfig>,
 }
 
 impl Settings {
@@ -192,6 +193,7 @@ impl Settings {
                     stdin_once: cfg.stdin_once,
                     log,
                     attach_timeout: None,
+                    restore: cfg.restore,
                 }
             }
             Mode::Exec => {
@@ -209,6 +211,7 @@ impl Settings {
                         0 => DEFAULT_ATTACH_TIMEOUT,
                         ms => Duration::from_millis(ms),
                     }),
+                    restore: None,
                 }
             }
         };
@@ -236,6 +239,12 @@ impl Monitor {
             }
             None => None,
         };
+        if s.restore.is_some() && s.tty {
+            // The dumped pty cannot be handed to a new console socket.
+            return Err(Error::Config(
+                "restoring a container with a tty is not supported".into(),
+            ));
+        }
         let ctl_listener = bind_socket(dir, CONTROL_SOCKET)?;
         let attach_listener = bind_socket(dir, ATTACH_SOCKET)?;
         let (mut plumbing, child_stdio) = Plumbing::new(s.tty, s.stdin, dir)?;
@@ -250,6 +259,32 @@ impl Monitor {
         };
         let pid_file = dir.join(CONTAINER_PID_FILE);
         let _ = fs::remove_file(&pid_file);
+        if let Some(restore) = s.restore {
+            // Nothing to create yet: `Start` restores (control::start).
+            return Ok(Monitor {
+                mode,
+                dir: dir.to_path_buf(),
+                id: s.id,
+                bundle: s.bundle,
+                runtime_cfg: s.runtime,
+                runtime,
+                shim_pid,
+                pid: 0,
+                status: Status::Created,
+                children,
+                io: ContainerIo::new(plumbing, log, s.stdin_once),
+                attach: Attachers::new(attach_listener, None),
+                ctl: Controls::new(ctl_listener),
+                jobs: Default::default(),
+                ids: Ids::default(),
+                oom: None,
+                reaped: None,
+                exit: None,
+                linger_until: None,
+                trim_at: None,
+                pending_restore: Some((restore, child_stdio)),
+            });
+        }
         let created = match mode {
             Mode::Container => runtime.create(
                 &s.id,
@@ -333,6 +368,7 @@ impl Monitor {
             exit: None,
             linger_until: None,
             trim_at: None,
+            pending_restore: None,
         })
     }
 }

@@ -19,7 +19,10 @@ use std::process::{Command, ExitStatus, Stdio as ProcStdio};
 
 use crust_shim_protocol::DEFAULT_PATH;
 
-use super::{CreateOptions, ExecOptions, OciRuntime, Result, RuntimeError, RuntimeState, Stdio};
+use super::{
+    CreateOptions, ExecOptions, OciRuntime, RestoreOptions, Result, RuntimeError, RuntimeState,
+    Stdio,
+};
 
 pub struct CliRuntime {
     path: PathBuf,
@@ -197,6 +200,50 @@ impl OciRuntime for CliRuntime {
         }
         cmd.arg(id);
         self.run_with_stdio("exec", cmd, opts.stdio)?;
+        super::read_pid_file(opts.pid_file)
+    }
+
+    fn checkpoint(&self, id: &str, image_path: &Path, work_path: &Path) -> Result<()> {
+        // runc tells criu itself which namespaces (the pod's pinned ones)
+        // and bind mounts are external, and finds criu in PATH.
+        self.run(
+            "checkpoint",
+            &[
+                "checkpoint".as_ref(),
+                "--leave-running".as_ref(),
+                "--image-path".as_ref(),
+                image_path.as_os_str(),
+                "--work-path".as_ref(),
+                work_path.as_os_str(),
+                id.as_ref(),
+            ],
+        )
+        .map(drop)
+    }
+
+    fn restore(&self, id: &str, opts: RestoreOptions<'_>) -> Result<i32> {
+        // runc re-points the dumped stdio pipes to its own stdio (the
+        // monitor's new pipes), joins the new spec's network namespace
+        // (external to the images) and maps bind mounts by destination to
+        // the new spec's sources. Soft cgroup mode: runc has made the new
+        // pod's cgroup for the container and names it criu's cgroup root,
+        // so the processes land there; the old node's cgroup tree is
+        // neither recreated nor required.
+        let mut cmd = self.command();
+        cmd.arg("restore")
+            .arg("--detach")
+            .arg("--bundle")
+            .arg(opts.bundle)
+            .arg("--pid-file")
+            .arg(opts.pid_file)
+            .arg("--image-path")
+            .arg(opts.image_path)
+            .arg("--work-path")
+            .arg(opts.work_path)
+            .arg("--manage-cgroups-mode")
+            .arg("soft")
+            .arg(id);
+        self.run_with_stdio("restore", cmd, opts.stdio)?;
         super::read_pid_file(opts.pid_file)
     }
 

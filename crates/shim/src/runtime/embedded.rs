@@ -265,6 +265,21 @@ impl OciRuntime for EmbeddedRuntime {
         Ok(pid as i32)
     }
 
+    fn checkpoint(&self, _id: &str, _image_path: &Path, _work_path: &Path) -> Result<()> {
+        // libcontainer 0.7's Container::checkpoint exists but runs
+        // `criu` from PATH only and has not been tried here yet.
+        Err(RuntimeError::new(
+            "the embedded handler cannot checkpoint yet (the runc handler can)",
+        ))
+    }
+
+    fn restore(&self, _id: &str, _opts: super::RestoreOptions<'_>) -> Result<i32> {
+        // The daemon refuses such a restore before it gets here.
+        Err(RuntimeError::new(
+            "the embedded handler cannot restore a checkpoint (the runc handler can)",
+        ))
+    }
+
     fn update(&self, id: &str, resources: &Path) -> Result<()> {
         use libcgroups::common::{
             CgroupConfig, CgroupManager, ControllerOpt, create_cgroup_manager,

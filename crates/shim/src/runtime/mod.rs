@@ -74,6 +74,20 @@ pub struct ExecOptions<'a> {
     pub stdio: Stdio,
 }
 
+/// `restore` arguments.
+#[derive(Debug)]
+pub struct RestoreOptions<'a> {
+    pub bundle: &'a Path,
+    /// Where the runtime writes the restored init's pid (absolute).
+    pub pid_file: &'a Path,
+    /// The CRIU images.
+    pub image_path: &'a Path,
+    /// criu's logs and scratch files.
+    pub work_path: &'a Path,
+    /// The restored process's stdio (its dumped pipes are re-pointed here).
+    pub stdio: Stdio,
+}
+
 /// `state` as the runtime reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeState {
@@ -98,6 +112,12 @@ pub trait OciRuntime {
     fn exec(&self, id: &str, opts: ExecOptions<'_>) -> Result<i32>;
     /// Applies an OCI `LinuxResources` JSON file.
     fn update(&self, id: &str, resources: &Path) -> Result<()>;
+    /// Dumps the running container with CRIU into `image_path`, leaving it
+    /// running (`work_path`: criu's log and scratch files).
+    fn checkpoint(&self, id: &str, image_path: &Path, work_path: &Path) -> Result<()>;
+    /// Creates the container from CRIU images and lets its restored
+    /// processes run; returns its init's pid.
+    fn restore(&self, id: &str, opts: RestoreOptions<'_>) -> Result<i32>;
     fn state(&self, id: &str) -> Result<RuntimeState>;
 }
 

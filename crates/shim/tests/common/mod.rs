@@ -148,6 +148,7 @@ impl Fixture {
             tty,
             stdin,
             stdin_once,
+            restore: None,
         }
     }
 
