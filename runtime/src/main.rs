@@ -36,6 +36,7 @@
 //! stats.rs, events.rs  cgroup usage sampling; container event channel
 //! metrics.rs           what the metrics RPCs read: cgroups, pod netns, layers
 //! check/               `crust check`: what nothing references, and its repair
+//! checkpoint.rs        CheckpointContainer (criu through the runc handler), its archive
 //! crash.rs             crash points of the kill-at-every-step test (debug builds)
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
 //! quote.rs             bounded quoting of client input in messages
