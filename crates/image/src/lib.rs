@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod reference;
 pub mod registry;
 mod service;
+pub mod signature;
 mod tar_limit;
 pub mod unpack;
 pub mod usage;
