@@ -539,7 +539,10 @@ impl Config {
         let cdi_dirs = self.cdi_spec_dirs.iter().map(|p| ("cdi_spec_dirs", p));
         let policies = [
             ("image.signature_policy", &self.image.signature_policy),
-            ("image.signature_policy_dir", &self.image.signature_policy_dir),
+            (
+                "image.signature_policy_dir",
+                &self.image.signature_policy_dir,
+            ),
         ]
         .into_iter()
         .filter_map(|(k, p)| Some((k, p.as_ref()?)));

@@ -434,5 +434,20 @@ mod tests {
         assert!(s.message().contains("\"x\""), "{}", s.message());
         let e = crust_image::Error::Unsupported("no linux/amd64 manifest".into());
         assert_eq!(image_error("p", e).code(), Code::FailedPrecondition);
+        // CRI-O's reason first, where kubelet looks for it.
+        let e = crust_image::Error::SignatureRefused {
+            image: "r.io/a:v1".into(),
+            policy: "/p.json".into(),
+            rule: "default requirement 1 (reject)".into(),
+            reason: "the policy rejects these images".into(),
+        };
+        let s = image_error("pulling image \"r.io/a:v1\"", e);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(
+            s.message().starts_with("SignatureValidationFailed: ")
+                && s.message().ends_with("(pulling image \"r.io/a:v1\")"),
+            "{}",
+            s.message()
+        );
     }
 }

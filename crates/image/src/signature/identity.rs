@@ -196,17 +196,72 @@ mod tests {
         let by_digest = pulled(&format!("reg.io/a/b@{D}"));
         let by_tag = pulled("reg.io/a/b:v1");
         let cases: Vec<(SignedIdentity, Reference, &str, bool)> = vec![
-            (SignedIdentity::MatchExact, by_tag.clone(), "reg.io/a/b:v1", true),
-            (SignedIdentity::MatchExact, by_tag.clone(), "reg.io/a/b:v2", false),
-            (SignedIdentity::MatchExact, by_tag.clone(), "reg.io/a/b", false),
-            (SignedIdentity::MatchRepoDigestOrExact, by_tag.clone(), "reg.io/a/b:v1", true),
-            (SignedIdentity::MatchRepoDigestOrExact, by_tag.clone(), "reg.io/a/b", false),
-            (SignedIdentity::MatchRepoDigestOrExact, by_digest.clone(), "reg.io/a/b", true),
-            (SignedIdentity::MatchRepoDigestOrExact, by_digest.clone(), "reg.io/a/c", false),
-            (SignedIdentity::MatchRepository, by_tag.clone(), "reg.io/a/b", true),
-            (SignedIdentity::MatchRepository, by_tag.clone(), "reg.io/a/b:other", true),
-            (SignedIdentity::MatchRepository, by_tag.clone(), "reg.io/a/bc", false),
-            (SignedIdentity::MatchRepository, by_tag.clone(), "other.io/a/b", false),
+            (
+                SignedIdentity::MatchExact,
+                by_tag.clone(),
+                "reg.io/a/b:v1",
+                true,
+            ),
+            (
+                SignedIdentity::MatchExact,
+                by_tag.clone(),
+                "reg.io/a/b:v2",
+                false,
+            ),
+            (
+                SignedIdentity::MatchExact,
+                by_tag.clone(),
+                "reg.io/a/b",
+                false,
+            ),
+            (
+                SignedIdentity::MatchRepoDigestOrExact,
+                by_tag.clone(),
+                "reg.io/a/b:v1",
+                true,
+            ),
+            (
+                SignedIdentity::MatchRepoDigestOrExact,
+                by_tag.clone(),
+                "reg.io/a/b",
+                false,
+            ),
+            (
+                SignedIdentity::MatchRepoDigestOrExact,
+                by_digest.clone(),
+                "reg.io/a/b",
+                true,
+            ),
+            (
+                SignedIdentity::MatchRepoDigestOrExact,
+                by_digest.clone(),
+                "reg.io/a/c",
+                false,
+            ),
+            (
+                SignedIdentity::MatchRepository,
+                by_tag.clone(),
+                "reg.io/a/b",
+                true,
+            ),
+            (
+                SignedIdentity::MatchRepository,
+                by_tag.clone(),
+                "reg.io/a/b:other",
+                true,
+            ),
+            (
+                SignedIdentity::MatchRepository,
+                by_tag.clone(),
+                "reg.io/a/bc",
+                false,
+            ),
+            (
+                SignedIdentity::MatchRepository,
+                by_tag.clone(),
+                "other.io/a/b",
+                false,
+            ),
             (
                 id(json!({"type": "exactReference", "dockerReference": "reg.io/x/y:v9"})),
                 by_tag.clone(),
@@ -253,7 +308,12 @@ mod tests {
                 true,
             ),
             // Normalised names: docker.io/library.
-            (SignedIdentity::MatchRepository, pulled("busybox"), "docker.io/library/busybox", true),
+            (
+                SignedIdentity::MatchRepository,
+                pulled("busybox"),
+                "docker.io/library/busybox",
+                true,
+            ),
         ];
         for (rule, p, signed, want) in cases {
             assert_eq!(rule.matches(&p, &r(signed)), want, "{rule:?} {p} {signed}");
@@ -264,11 +324,23 @@ mod tests {
     fn bad_identities_are_errors() {
         use serde_json::json;
         for (v, want) in [
-            (json!({"type": "exactReference", "dockerReference": "reg.io/x/y"}), "tag or digest"),
-            (json!({"type": "exactReference", "dockerReference": "busybox:1"}), "in full"),
-            (json!({"type": "exactRepository", "dockerRepository": "reg.io/x:1"}), "repository"),
+            (
+                json!({"type": "exactReference", "dockerReference": "reg.io/x/y"}),
+                "tag or digest",
+            ),
+            (
+                json!({"type": "exactReference", "dockerReference": "busybox:1"}),
+                "in full",
+            ),
+            (
+                json!({"type": "exactRepository", "dockerRepository": "reg.io/x:1"}),
+                "repository",
+            ),
             (json!({"type": "exactRepository"}), "needs dockerRepository"),
-            (json!({"type": "remapIdentity", "prefix": "Bad Prefix", "signedPrefix": "a.io"}), "prefix"),
+            (
+                json!({"type": "remapIdentity", "prefix": "Bad Prefix", "signedPrefix": "a.io"}),
+                "prefix",
+            ),
             (json!({"type": "matchExact", "extra": 1}), "unknown key"),
             (json!({"type": "matchSomething"}), "unknown type"),
             (json!("matchExact"), "not an object"),

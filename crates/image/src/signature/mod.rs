@@ -115,7 +115,7 @@ pub(crate) async fn check(
         ),
         reason,
     };
-    let mut signatures: Option<Vec<Fetched>> = None;
+    let mut signatures: Option<Signatures> = None;
     let mut verified = false;
     for (i, req) in applicable.requirements.iter().enumerate() {
         match req {
@@ -134,7 +134,11 @@ pub(crate) async fn check(
                 if signatures.is_none() {
                     signatures = Some(fetch_signatures(remote, digest).await?);
                 }
-                let sigs = signatures.as_deref().unwrap_or_default();
+                let sigs = match &signatures {
+                    Some(Ok(sigs)) => sigs.as_slice(),
+                    Some(Err(why)) => return Err(refuse(i, req, why.clone())),
+                    None => &[],
+                };
                 accept_any(rule, sigs, reference, digest).map_err(|r| refuse(i, req, r))?;
                 verified = true;
             }
@@ -153,16 +157,21 @@ struct Fetched {
     payload: std::result::Result<Vec<u8>, String>,
 }
 
+/// An image's signatures, or why its signature manifest is unusable.
+type Signatures = std::result::Result<Vec<Fetched>, String>;
+
 /// The cosign signatures of `digest` in the image's repository; none when
-/// there is no signature tag.
-async fn fetch_signatures(remote: &Remote, digest: &Digest) -> Result<Vec<Fetched>> {
+/// there is no signature tag. Err: the registry failed (the pull fails as
+/// for any registry error); Ok(Err): the signature manifest is no such
+/// thing, so the image has no signature the policy can take.
+async fn fetch_signatures(remote: &Remote, digest: &Digest) -> Result<Signatures> {
     let Some(manifest) = remote.fetch_tagged(&cosign::signature_tag(digest)).await? else {
-        return Ok(Vec::new());
+        return Ok(Ok(Vec::new()));
     };
-    let signed = cosign::signatures_in(&manifest).map_err(|reason| Error::Verification {
-        digest: cosign::signature_tag(digest),
-        reason,
-    })?;
+    let signed = match cosign::signatures_in(&manifest) {
+        Ok(signed) => signed,
+        Err(why) => return Ok(Err(format!("{}: {why}", cosign::signature_tag(digest)))),
+    };
     let mut out = Vec::with_capacity(signed.len());
     for s in signed {
         let payload = if s.payload.size > cosign::MAX_PAYLOAD_BYTES {
@@ -177,8 +186,11 @@ async fn fetch_signatures(remote: &Remote, digest: &Digest) -> Result<Vec<Fetche
                 .await
             {
                 Ok(bytes) => Ok(bytes),
-                // A payload the registry lost: that signature does not count.
-                Err(e) if e.kind() == ErrorKind::NotFound => Err(e.to_string()),
+                // A payload the registry lost or mangled: that signature
+                // does not count.
+                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidContent) => {
+                    Err(e.to_string())
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -187,7 +199,7 @@ async fn fetch_signatures(remote: &Remote, digest: &Digest) -> Result<Vec<Fetche
             payload,
         });
     }
-    Ok(out)
+    Ok(Ok(out))
 }
 
 /// Ok if one signature satisfies `rule`; else why none did.
@@ -275,7 +287,16 @@ mod tests {
         for ok in ["default", "kube-system", "a", &"a".repeat(63)] {
             check_namespace(ok).unwrap();
         }
-        for bad in ["..", "../etc", "a/b", "A", "-a", "a-", &"a".repeat(64), "a.b"] {
+        for bad in [
+            "..",
+            "../etc",
+            "a/b",
+            "A",
+            "-a",
+            "a-",
+            &"a".repeat(64),
+            "a.b",
+        ] {
             let e = check_namespace(bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}");
         }

@@ -38,7 +38,10 @@ pub enum Requirement {
     Reject,
     SigstoreSigned(SigstoreSigned),
     /// A requirement crust cannot check: refuses what it applies to.
-    Unsupported { kind: String, why: String },
+    Unsupported {
+        kind: String,
+        why: String,
+    },
 }
 
 #[derive(Debug)]
@@ -88,7 +91,9 @@ impl Policy {
             .map_err(|e| format!("default: {e}"))?;
         let mut docker = BTreeMap::new();
         if let Some(transports) = obj.get("transports") {
-            let transports = transports.as_object().ok_or("transports is not an object")?;
+            let transports = transports
+                .as_object()
+                .ok_or("transports is not an object")?;
             for (name, scopes) in transports {
                 let scopes = scopes
                     .as_object()
@@ -323,7 +328,10 @@ fn sigstore_signed(obj: &serde_json::Map<String, Value>) -> Res<Requirement> {
         None => SignedIdentity::MatchRepoDigestOrExact,
         Some(v) => SignedIdentity::parse(v).map_err(|e| format!("signedIdentity: {e}"))?,
     };
-    Ok(Requirement::SigstoreSigned(SigstoreSigned { keys, identity }))
+    Ok(Requirement::SigstoreSigned(SigstoreSigned {
+        keys,
+        identity,
+    }))
 }
 
 /// Reads a small file whole, refusing larger ones.
@@ -347,7 +355,9 @@ mod tests {
 
     fn key_pem() -> String {
         use sigstore::crypto::SigningScheme;
-        let signer = SigningScheme::ECDSA_P256_SHA256_ASN1.create_signer().unwrap();
+        let signer = SigningScheme::ECDSA_P256_SHA256_ASN1
+            .create_signer()
+            .unwrap();
         signer
             .to_sigstore_keypair()
             .unwrap()
@@ -465,9 +475,15 @@ mod tests {
             ("{", "not JSON"),
             ("{}", "no \"default\""),
             (r#"{"default":[]}"#, "empty list"),
-            (r#"{"default":[{"type":"reject","x":1}]}"#, "unknown key \"x\""),
+            (
+                r#"{"default":[{"type":"reject","x":1}]}"#,
+                "unknown key \"x\"",
+            ),
             (r#"{"default":[{}]}"#, "requirement 1: no \"type\""),
-            (r#"{"default":[{"type":"reject"}],"extra":1}"#, "unknown key"),
+            (
+                r#"{"default":[{"type":"reject"}],"extra":1}"#,
+                "unknown key",
+            ),
             (
                 r#"{"default":[{"type":"sigstoreSigned"}]}"#,
                 "exactly one of keyPath",

@@ -139,7 +139,12 @@ impl Pusher {
             "layers": descriptors,
         }))
         .unwrap();
-        self.try_manifest(repo, &signature_tag(manifest_digest), OCI_MANIFEST, &manifest)
-            .await
+        self.try_manifest(
+            repo,
+            &signature_tag(manifest_digest),
+            OCI_MANIFEST,
+            &manifest,
+        )
+        .await
     }
 }
