@@ -200,6 +200,41 @@ mod tests {
         assert!(parse_payload(b"{}").is_err());
     }
 
+    proptest::proptest! {
+        #![proptest_config(crust_quote::testing::config(512))]
+
+        /// Whatever a registry serves as a signature manifest or payload:
+        /// parsed or refused, never a panic; at most MAX_SIGNATURES kept.
+        #[test]
+        fn any_registry_answer_parses_or_is_refused(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            kind in crust_quote::testing::hostile_string(),
+            text in crust_quote::testing::hostile_string(),
+            layers in 0usize..40,
+        ) {
+            let _ = signatures_in(&bytes);
+            let _ = parse_payload(&bytes);
+            let doc = serde_json::json!({"critical": {
+                "identity": {"docker-reference": text},
+                "image": {"docker-manifest-digest": text},
+                "type": kind,
+            }});
+            proptest::prop_assert!(parse_payload(doc.to_string().as_bytes()).is_err());
+            let layer = serde_json::json!({
+                "mediaType": SIMPLE_SIGNING, "digest": Digest::of(b"p").to_string(),
+                "size": 1, "annotations": {SIGNATURE_ANNOTATION: text},
+            });
+            let m = serde_json::json!({
+                "schemaVersion": 2,
+                "config": {"mediaType": kind, "digest": Digest::of(b"c").to_string(), "size": 2},
+                "layers": vec![layer; layers],
+            });
+            let sigs = signatures_in(m.to_string().as_bytes()).unwrap();
+            proptest::prop_assert_eq!(sigs.len(), layers.min(MAX_SIGNATURES));
+            let _ = verify(&[], &text, &bytes);
+        }
+    }
+
     #[test]
     fn signature_manifests_list_their_signed_layers() {
         let layer = |media: &str, sig: Option<&str>| {
