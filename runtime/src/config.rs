@@ -87,6 +87,26 @@ pub struct ImageSection {
     pub pull_progress_timeout: std::time::Duration,
     /// Layers downloaded at once per pull.
     pub max_concurrent_downloads: usize,
+    /// The node's image signature policy (containers-policy.json format:
+    /// `insecureAcceptAnything`, `reject`, `sigstoreSigned` with public
+    /// keys), read at each pull; absent: images are not checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature_policy: Option<PathBuf>,
+    /// Policies per pod namespace: `<dir>/<namespace>.json`, used instead
+    /// of `signature_policy` for pulls of pods in that namespace (CRI-O's
+    /// `signature_policy_dir`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature_policy_dir: Option<PathBuf>,
+}
+
+impl ImageSection {
+    /// The policy files as the image service takes them.
+    pub fn signature_policy_files(&self) -> crust_image::signature::PolicyFiles {
+        crust_image::signature::PolicyFiles {
+            policy: self.signature_policy.clone(),
+            dir: self.signature_policy_dir.clone(),
+        }
+    }
 }
 
 impl Default for ImageSection {
@@ -94,9 +114,18 @@ impl Default for ImageSection {
         ImageSection {
             pull_progress_timeout: crust_image::DEFAULT_PULL_PROGRESS_TIMEOUT,
             max_concurrent_downloads: crust_image::DEFAULT_MAX_CONCURRENT_DOWNLOADS,
+            signature_policy: None,
+            signature_policy_dir: None,
         }
     }
 }
+
+/// The `[image]` keys that are absent by default, as `crust config
+/// default` shows them.
+const OPTIONAL_IMAGE_KEYS: &str = "\
+# signature_policy = \"/etc/crust/policy.json\"   # containers-policy.json; absent: images are not checked
+# signature_policy_dir = \"/etc/crust/policies\"  # <dir>/<pod namespace>.json, per namespace
+";
 
 /// The most `image.max_concurrent_downloads`: more connections per pull
 /// than this only burden the registry.
@@ -490,7 +519,23 @@ impl Config {
 
     /// The full default config as TOML, for `crust config default`.
     pub fn default_toml() -> String {
-        toml::to_string_pretty(&Config::default()).expect("the default config serializes")
+        let text =
+            toml::to_string_pretty(&Config::default()).expect("the default config serializes");
+        // Keys that are off unless set have no default value to print:
+        // shown commented out, with an example, in their table.
+        let mut out = String::with_capacity(text.len() + 256);
+        let mut in_image = false;
+        for line in text.lines() {
+            if line.starts_with('[') {
+                in_image = line == "[image]";
+            }
+            out.push_str(line);
+            out.push('\n');
+            if in_image && line.starts_with("max_concurrent_downloads") {
+                out.push_str(OPTIONAL_IMAGE_KEYS);
+            }
+        }
+        out
     }
 
     /// Checks what serde cannot: paths must be absolute, because the daemon
@@ -518,7 +563,21 @@ impl Config {
             .iter()
             .map(|p| ("network.cni_bin_dirs", p));
         let cdi_dirs = self.cdi_spec_dirs.iter().map(|p| ("cdi_spec_dirs", p));
-        for (key, path) in paths.into_iter().chain(bin_dirs).chain(cdi_dirs) {
+        let policies = [
+            ("image.signature_policy", &self.image.signature_policy),
+            (
+                "image.signature_policy_dir",
+                &self.image.signature_policy_dir,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, p)| Some((k, p.as_ref()?)));
+        for (key, path) in paths
+            .into_iter()
+            .chain(bin_dirs)
+            .chain(cdi_dirs)
+            .chain(policies)
+        {
             if !path.is_absolute() {
                 return Err(ConfigError::Invalid(format!(
                     "{key} must be an absolute path, got {:?}",
@@ -724,6 +783,22 @@ mod tests {
         assert!(toml::to_string(&c).unwrap().contains("\"90s\""));
         let err = Config::parse("[image]\npull_progress_timeout = \"soon\"\n").unwrap_err();
         assert!(err.contains("soon"), "{err}");
+        assert!(text.contains("\n# signature_policy = "), "{text}");
+        assert!(text.contains("\n# signature_policy_dir = "), "{text}");
+        let c = Config::parse(
+            "[image]\nsignature_policy = \"/etc/crust/policy.json\"\n\
+             signature_policy_dir = \"/etc/crust/policies\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let files = c.image.signature_policy_files();
+        assert_eq!(files.policy, Some(PathBuf::from("/etc/crust/policy.json")));
+        assert_eq!(files.dir, Some(PathBuf::from("/etc/crust/policies")));
+        for key in ["signature_policy", "signature_policy_dir"] {
+            let c = Config::parse(&format!("[image]\n{key} = \"rel.json\"\n")).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(&format!("image.{key}")), "{err}");
+        }
         for bad in [0, MAX_CONCURRENT_DOWNLOADS + 1] {
             let c = Config::parse(&format!("[image]\nmax_concurrent_downloads = {bad}\n")).unwrap();
             let err = c.validate().unwrap_err().to_string();

@@ -305,6 +305,7 @@ async fn open_images(config: &Config, store: &Arc<Store>) -> anyhow::Result<Imag
     image_config.registry_config_dir = Some(config.registry.config_dir.clone());
     image_config.max_concurrent_downloads = config.image.max_concurrent_downloads;
     image_config.pull_progress_timeout = pull_progress_timeout(&config.image);
+    image_config.signature_policy = config.image.signature_policy_files();
     ImageService::open(image_config, store.clone())
         .await
         .context("opening the image store")

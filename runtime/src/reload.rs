@@ -6,7 +6,8 @@
 //!
 //! - applied: `log_level`, `log_format`, `runtimes` (handlers added,
 //!   changed, removed; runc / crun looked up again), `registry.config_dir`,
-//!   `image.*`, `cdi_spec_dirs`, `log_size_max`,
+//!   `image.*` (the signature policy files themselves are read at each
+//!   pull), `cdi_spec_dirs`, `log_size_max`,
 //!   `nri.plugin_registration_timeout`, `nri.plugin_request_timeout`;
 //! - restart: `socket`, `root`, `run_dir`, `cgroup_driver`, `shim_binary`,
 //!   `network.*`, `streaming.*`, `metrics.*`, `checkpoint.*` and the rest
@@ -150,6 +151,7 @@ impl Reloader {
             registry_config_dir: Some(next.registry.config_dir.clone()),
             max_concurrent_downloads: next.image.max_concurrent_downloads,
             progress_timeout: pull_progress_timeout(&next.image),
+            signature_policy: next.image.signature_policy_files(),
         });
         d.containers.set_cdi_spec_dirs(next.cdi_spec_dirs.clone());
         d.launcher.set_log_size_max(next.log_size_max);

@@ -26,6 +26,9 @@ pub enum ErrorKind {
     /// The image is in use in a way that forbids the request (an image
     /// volume of a container, for RemoveImage).
     InUse,
+    /// The image signature policy refused the image (or cannot be used):
+    /// nothing of the image was fetched beyond its manifest.
+    PolicyRefused,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +94,25 @@ pub enum Error {
     #[error("{0}")]
     InUse(String),
 
+    /// The signature policy refused the image. The message starts as
+    /// CRI-O's (kubelet's `SignatureValidationFailed` reason).
+    #[error(
+        "SignatureValidationFailed: image {} refused by the signature policy {policy}, {rule}: {}",
+        quote(image),
+        clip(reason)
+    )]
+    SignatureRefused {
+        image: String,
+        policy: String,
+        rule: String,
+        reason: String,
+    },
+
+    /// A signature policy file that cannot be used: every pull it governs
+    /// is refused (never let through).
+    #[error("SignatureValidationFailed: signature policy {path}: {}", clip(reason))]
+    Policy { path: String, reason: String },
+
     /// The error of a pull another caller ran for us (single-flight).
     #[error("{0}")]
     Shared(Arc<Error>),
@@ -117,6 +139,7 @@ impl Error {
                 ErrorKind::Internal
             }
             Error::InUse(_) => ErrorKind::InUse,
+            Error::SignatureRefused { .. } | Error::Policy { .. } => ErrorKind::PolicyRefused,
             Error::Shared(inner) => inner.kind(),
         }
     }

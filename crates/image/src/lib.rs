@@ -20,6 +20,7 @@ pub mod orphans;
 pub mod reference;
 pub mod registry;
 mod service;
+pub mod signature;
 mod tar_limit;
 pub mod unpack;
 pub mod usage;

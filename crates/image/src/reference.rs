@@ -28,6 +28,18 @@ impl Reference {
     /// Parses and normalises `s`; a reference with neither tag nor digest
     /// gets the tag `latest`.
     pub fn parse(s: &str) -> Result<Self> {
+        Self::parse_with(s, true)
+    }
+
+    /// As [`Self::parse`], but a reference with neither tag nor digest
+    /// stays a bare repository name (as signed identities and policy
+    /// references are written): [`Self::tag`] and [`Self::digest`] are
+    /// both None then.
+    pub fn parse_name_or_ref(s: &str) -> Result<Self> {
+        Self::parse_with(s, false)
+    }
+
+    fn parse_with(s: &str, default_tag: bool) -> Result<Self> {
         let invalid = |reason: &str| Error::InvalidReference {
             reference: s.to_string(),
             reason: reason.to_string(),
@@ -55,7 +67,7 @@ impl Reference {
             return Err(invalid("name longer than 255 characters"));
         }
         let tag = match (tag, &digest) {
-            (None, None) => Some("latest".to_string()),
+            (None, None) if default_tag => Some("latest".to_string()),
             (t, _) => t.map(str::to_string),
         };
         Ok(Reference {

@@ -280,6 +280,73 @@ impl Remote {
         Ok((bytes.to_vec(), digest))
     }
 
+    /// The manifest tagged `tag` in the image's repository, or None when
+    /// the registry has no such tag (signature lookups).
+    pub(crate) async fn fetch_tagged(&self, tag: &str) -> Result<Option<Vec<u8>>> {
+        match self.fetch_manifest_by_tag(tag).await {
+            Ok((bytes, _)) => Ok(Some(bytes)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A small blob, whole, in memory (never in the content store),
+    /// checked against its descriptor's size and digest; at most `max`
+    /// bytes are read.
+    pub(crate) async fn fetch_blob_bytes(&self, desc: &Descriptor, max: u64) -> Result<Vec<u8>> {
+        let what = format!("blob {}", desc.digest);
+        if desc.size > max {
+            return Err(Error::verification(
+                what,
+                format!("{} bytes is over the {max} byte limit", desc.size),
+            ));
+        }
+        self.try_endpoints(Need::Pull, &what, |ep| {
+            let what = what.clone();
+            async move {
+                let oref = self.oci_ref(ep, |reg, repo| {
+                    oci_client::Reference::with_digest(reg, repo, desc.digest.to_string())
+                });
+                let digest = desc.digest.to_string();
+                let fetch = async {
+                    let auth = self.endpoint_auth(ep).await?;
+                    ep.client
+                        .store_auth_if_needed(oref.resolve_registry(), &auth)
+                        .await;
+                    let mut stream = ep
+                        .client
+                        .pull_blob_stream(&oref, digest.as_str())
+                        .await
+                        .map_err(|e| map_oci_error(&ep.endpoint, &what, e))?;
+                    let mut bytes = Vec::new();
+                    while let Some(chunk) = stream.next().await {
+                        let chunk = chunk.map_err(|e| Error::Registry {
+                            host: ep.endpoint.url(),
+                            message: format!("downloading {what}: {}", error_chain(&e)),
+                        })?;
+                        if (bytes.len() + chunk.len()) as u64 > desc.size {
+                            return Err(Error::verification(&what, "more bytes than declared"));
+                        }
+                        bytes.extend_from_slice(&chunk);
+                    }
+                    Ok(bytes)
+                };
+                let bytes = self
+                    .within(fetch)
+                    .await
+                    .ok_or_else(|| self.stalled(ep, &what))??;
+                if bytes.len() as u64 != desc.size || Digest::of(&bytes) != desc.digest {
+                    return Err(Error::verification(
+                        &what,
+                        "the registry sent other content than the descriptor names",
+                    ));
+                }
+                Ok(bytes)
+            }
+        })
+        .await
+    }
+
     /// Downloads a blob into the content store, verifying size and digest
     /// as it streams; another endpoint is tried if one fails.
     pub async fn fetch_blob(

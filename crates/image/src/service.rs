@@ -36,6 +36,7 @@ use crate::manifest::{
 use crate::orphans::{ContentKind, OrphanContent, measured, unreferenced};
 use crate::reference::Reference;
 use crate::registry::{Credentials, ProgressFn, Remote};
+use crate::signature::{PolicyFiles, Verdict};
 use crate::usage::{FsUsage, usage};
 
 /// Layer downloads run at once per pull by default (containerd's default).
@@ -55,6 +56,8 @@ pub struct Config {
     /// A request to a registry that receives nothing for this long (no
     /// response yet, or no byte of a blob) is given up; None: never.
     pub pull_progress_timeout: Option<Duration>,
+    /// Signature policies; default: none (images are not checked).
+    pub signature_policy: PolicyFiles,
 }
 
 impl Config {
@@ -64,6 +67,7 @@ impl Config {
             registry_config_dir: None,
             max_concurrent_downloads: DEFAULT_MAX_CONCURRENT_DOWNLOADS,
             pull_progress_timeout: Some(DEFAULT_PULL_PROGRESS_TIMEOUT),
+            signature_policy: PolicyFiles::default(),
         }
     }
 }
@@ -80,9 +84,11 @@ pub struct PullSettings {
     pub max_concurrent_downloads: usize,
     /// See [`Config::pull_progress_timeout`].
     pub progress_timeout: Option<Duration>,
+    /// Where signature policies are (read at each pull).
+    pub signature_policy: PolicyFiles,
 }
 
-type SharedResult = std::result::Result<Image, Arc<Error>>;
+type SharedResult = std::result::Result<(Image, Verdict), Arc<Error>>;
 
 /// The image store. Cheap to clone; all clones share state.
 #[derive(Clone)]
@@ -141,6 +147,7 @@ impl ImageService {
                     registry_config_dir: config.registry_config_dir,
                     max_concurrent_downloads: config.max_concurrent_downloads.max(1),
                     progress_timeout: config.pull_progress_timeout,
+                    signature_policy: config.signature_policy,
                 })),
                 privileged: crate::unpack::running_as_root(),
                 pins: Arc::new(Pins::default()),
@@ -167,8 +174,30 @@ impl ImageService {
         creds: &Credentials,
         progress: Option<ProgressFn>,
     ) -> Result<Image> {
+        self.pull_checked(reference, creds, progress, None)
+            .await
+            .map(|(image, _)| image)
+    }
+
+    /// [`Self::pull_with_progress`] for a pod in `namespace` (which may
+    /// have a signature policy of its own), answering what the signature
+    /// policy decided. A refused image is an error of kind
+    /// [`ErrorKind::PolicyRefused`], and nothing of it is stored.
+    pub async fn pull_checked(
+        &self,
+        reference: &str,
+        creds: &Credentials,
+        progress: Option<ProgressFn>,
+        namespace: Option<&str>,
+    ) -> Result<(Image, Verdict)> {
         let reference = Reference::parse(reference)?;
-        let key = flight_key(&reference, creds);
+        if let Some(ns) = namespace {
+            crate::signature::check_namespace(ns)?;
+        }
+        let settings = self.pull_settings();
+        let policy = settings.signature_policy.select(namespace);
+        // Pulls under different policies are different pulls.
+        let key = flight_key(&reference, creds, policy.as_deref());
         let cell = self
             .inflight()
             .entry(key.clone())
@@ -177,7 +206,7 @@ impl ImageService {
         let result = cell
             .get_or_init(|| async {
                 let result = self
-                    .pull_uncached(&reference, creds, progress.as_ref())
+                    .pull_uncached(&reference, creds, progress.as_ref(), policy.as_deref())
                     .await;
                 if let Err(e) = &result
                     && e.kind() == ErrorKind::InvalidContent
@@ -231,12 +260,19 @@ impl ImageService {
         reference: &Reference,
         creds: &Credentials,
         progress: Option<&ProgressFn>,
-    ) -> Result<Image> {
+        policy: Option<&Path>,
+    ) -> Result<(Image, Verdict)> {
         let settings = self.pull_settings();
         let hosts = RegistryHosts::new(settings.registry_config_dir.clone());
         let remote = Remote::new(&hosts, reference, creds, settings.progress_timeout)?;
         let mut pins = self.inner.pins.pin([]);
         let (top, top_digest) = remote.fetch_top_manifest().await?;
+        // The signature policy decides before anything of the image is
+        // stored or any other blob fetched.
+        let verdict = match policy {
+            Some(path) => crate::signature::check(path, &remote, reference, &top_digest).await?,
+            None => Verdict::Unchecked,
+        };
         let (manifest, manifest_digest, docs) = self
             .resolve_platform(&remote, top, top_digest.clone(), &mut pins)
             .await?;
@@ -245,8 +281,10 @@ impl ImageService {
             digests: vec![reference.repo_digest(&top_digest)],
         };
         let source = Source::Registry(&remote, progress);
-        self.install(source, &manifest, &manifest_digest, &docs, names, &mut pins)
-            .await
+        let image = self
+            .install(source, &manifest, &manifest_digest, &docs, names, &mut pins)
+            .await?;
+        Ok((image, verdict))
     }
 
     /// Follows indexes down to the host platform's manifest, storing every
@@ -903,8 +941,9 @@ fn check_size(desc: &Descriptor, max: u64) -> Result<()> {
     Ok(())
 }
 
-/// Same reference and same credentials = the same pull.
-fn flight_key(reference: &Reference, creds: &Credentials) -> String {
+/// Same reference, same credentials and same signature policy = the same
+/// pull.
+fn flight_key(reference: &Reference, creds: &Credentials, policy: Option<&Path>) -> String {
     let mut h = Sha256::new();
     for part in [
         &creds.username,
@@ -917,6 +956,9 @@ fn flight_key(reference: &Reference, creds: &Credentials) -> String {
         h.update(part.len().to_le_bytes());
         h.update(part.as_bytes());
     }
+    let policy = policy.map(|p| p.as_os_str().as_encoded_bytes());
+    h.update([u8::from(policy.is_some())]);
+    h.update(policy.unwrap_or_default());
     format!("{reference} {}", hex::encode(h.finalize()))
 }
 
@@ -930,6 +972,7 @@ mod tests {
         fn send<T: Send>(_: T) {}
         send(svc.pull("x", creds));
         send(svc.pull_with_progress("x", creds, None));
+        send(svc.pull_checked("x", creds, None, Some("ns")));
         send(svc.remove("x"));
         send(svc.prune());
         send(svc.set_pinned("x", true));
@@ -949,7 +992,9 @@ mod tests {
             username: "alice".into(),
             ..Credentials::default()
         };
-        assert_eq!(flight_key(&r, &anon), flight_key(&r, &anon));
-        assert_ne!(flight_key(&r, &anon), flight_key(&r, &alice));
+        assert_eq!(flight_key(&r, &anon, None), flight_key(&r, &anon, None));
+        assert_ne!(flight_key(&r, &anon, None), flight_key(&r, &alice, None));
+        let p = Path::new("/p.json");
+        assert_ne!(flight_key(&r, &anon, None), flight_key(&r, &anon, Some(p)));
     }
 }

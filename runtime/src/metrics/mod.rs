@@ -119,9 +119,31 @@ pub struct Metrics {
     pull_seconds: HistogramFamily<ResultLabels>,
     cni_seconds: HistogramFamily<CniLabels>,
     reloads: Family<ResultLabels, Counter>,
+    signatures: Family<ResultLabels, Counter>,
     node: Arc<NodeCollector>,
     orphaned_bytes: Family<KindLabels, Gauge>,
     orphans: Family<KindLabels, Gauge>,
+}
+
+/// What a signature policy decided for a pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignatureResult {
+    /// Signed as the policy requires (sigstoreSigned), signature verified.
+    Verified,
+    /// The policy accepts it unsigned (insecureAcceptAnything).
+    Accepted,
+    /// The policy refused it (or could not be used).
+    Refused,
+}
+
+impl SignatureResult {
+    fn label(self) -> &'static str {
+        match self {
+            SignatureResult::Verified => "verified",
+            SignatureResult::Accepted => "accepted",
+            SignatureResult::Refused => "refused",
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -192,6 +214,24 @@ impl Metrics {
              and what can change in a running daemon was applied) or failure (nothing changed)",
             reloads.clone(),
         );
+        let signatures = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "crust_image_signature_checks",
+            "Image pulls checked against a signature policy (image.signature_policy, \
+             image.signature_policy_dir) by result: verified (signatures the policy requires \
+             were verified), accepted (the policy takes the image unsigned: \
+             insecureAcceptAnything) or refused (nothing of the image was kept)",
+            signatures.clone(),
+        );
+        for result in [
+            SignatureResult::Verified,
+            SignatureResult::Accepted,
+            SignatureResult::Refused,
+        ] {
+            let _ = signatures.get_or_create(&ResultLabels {
+                result: result.label(),
+            });
+        }
         let node = Arc::new(NodeCollector::default());
         registry.register_collector(Box::new(node.clone()));
         let orphaned_bytes = Family::<KindLabels, Gauge>::default();
@@ -247,6 +287,7 @@ impl Metrics {
             pull_seconds,
             cni_seconds,
             reloads,
+            signatures,
             node,
             orphaned_bytes,
             orphans,
@@ -317,6 +358,15 @@ impl Metrics {
         self.pull_seconds
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// Records what a signature policy decided for one pull.
+    pub fn image_signature(&self, result: SignatureResult) {
+        self.signatures
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .inc();
     }
 
     /// Records one config reload: whether the file was applied.

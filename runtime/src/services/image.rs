@@ -8,8 +8,12 @@
 //!   repository (containerd ignores the filter; this is what `crictl images
 //!   NAME` users expect).
 //! - ImageStatus answers a nil image, not an error, for an unknown image.
-//! - PullImage answers the image ID as `image_ref`; `sandbox_config` is not
-//!   used (no per-runtime-handler snapshotters here).
+//! - PullImage answers the image ID as `image_ref`; of `sandbox_config`
+//!   only the pod's namespace is used, to pick its signature policy
+//!   (`image.signature_policy_dir`, as CRI-O); no per-runtime-handler
+//!   snapshotters here. An image the signature policy refuses is
+//!   FailedPrecondition, its message starting `SignatureValidationFailed`
+//!   as CRI-O's does.
 //! - RemoveImage removes the whole image, with all its tags and digests,
 //!   whichever reference names it (critest: "removing image by one tag
 //!   should remove all tags"); idempotent.
@@ -20,12 +24,14 @@ use std::time::Instant;
 
 use crust_api::v1::image_service_server::ImageService;
 use crust_api::v1::*;
+use crust_image::signature::Verdict;
 use crust_image::{Credentials, ErrorKind, FsUsage, Progress, ProgressFn, Reference, image_user};
 use tonic::{Code, Request, Response, Status};
 use tracing::{info, warn};
 
 use super::{Cri, ResponseStream, bounds};
 use crate::clock::now_ns;
+use crate::metrics::SignatureResult;
 use crust_quote::quote;
 
 /// The bytes a pull downloads, for the metrics: the last progress of
@@ -123,6 +129,17 @@ impl ImageService for Cri {
         if let Some(auth) = &req.auth {
             bounds::auth("auth", auth)?;
         }
+        let namespace = req
+            .sandbox_config
+            .as_ref()
+            .and_then(|c| c.metadata.as_ref())
+            .map(|m| m.namespace.as_str())
+            .filter(|ns| !ns.is_empty());
+        if let Some(ns) = namespace {
+            crust_image::signature::check_namespace(ns).map_err(|e| {
+                Status::invalid_argument(format!("sandbox_config.metadata.namespace: {e}"))
+            })?;
+        }
         let creds = credentials(req.auth);
         // Never the credentials themselves: only which kind was given.
         info!(image = %reference, auth = auth_kind(&creds), "pulling image");
@@ -132,12 +149,20 @@ impl ImageService for Cri {
         let result = self
             .daemon
             .images
-            .pull_with_progress(&reference, &creds, Some(bytes.counter(None)))
+            .pull_checked(&reference, &creds, Some(bytes.counter(None)), namespace)
             .await;
-        self.daemon
-            .metrics
-            .image_pull(result.is_ok(), bytes.total(), started.elapsed());
-        let image = result.map_err(|e| {
+        let metrics = &self.daemon.metrics;
+        metrics.image_pull(result.is_ok(), bytes.total(), started.elapsed());
+        match &result {
+            Ok((_, Verdict::Verified)) => metrics.image_signature(SignatureResult::Verified),
+            Ok((_, Verdict::Accepted)) => metrics.image_signature(SignatureResult::Accepted),
+            Ok((_, Verdict::Unchecked)) => {}
+            Err(e) if e.kind() == ErrorKind::PolicyRefused => {
+                metrics.image_signature(SignatureResult::Refused)
+            }
+            Err(_) => {}
+        }
+        let (image, _) = result.map_err(|e| {
             warn!(image = %reference, error = %e, "pull failed");
             image_error(&format!("pulling image {}", quote(&reference)), e)
         })?;
@@ -337,6 +362,12 @@ pub(super) fn image_error(doing: &str, e: crust_image::Error) -> Status {
         ErrorKind::InvalidContent => Code::InvalidArgument,
         ErrorKind::Internal => Code::Internal,
         ErrorKind::InUse => Code::FailedPrecondition,
+        // The node's policy refuses the image: no retry helps until the
+        // image is signed or the policy changes. The message starts as
+        // CRI-O's, which kubelet reports as SignatureValidationFailed.
+        ErrorKind::PolicyRefused => {
+            return super::status(Code::FailedPrecondition, format!("{e} ({doing})"));
+        }
     };
     super::status(code, format!("{doing}: {e}"))
 }
@@ -403,5 +434,20 @@ mod tests {
         assert!(s.message().contains("\"x\""), "{}", s.message());
         let e = crust_image::Error::Unsupported("no linux/amd64 manifest".into());
         assert_eq!(image_error("p", e).code(), Code::FailedPrecondition);
+        // CRI-O's reason first, where kubelet looks for it.
+        let e = crust_image::Error::SignatureRefused {
+            image: "r.io/a:v1".into(),
+            policy: "/p.json".into(),
+            rule: "default requirement 1 (reject)".into(),
+            reason: "the policy rejects these images".into(),
+        };
+        let s = image_error("pulling image \"r.io/a:v1\"", e);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(
+            s.message().starts_with("SignatureValidationFailed: ")
+                && s.message().ends_with("(pulling image \"r.io/a:v1\")"),
+            "{}",
+            s.message()
+        );
     }
 }
