@@ -20,8 +20,9 @@ use std::sync::Arc;
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
 use crust_nri::Nri;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
+use crate::otel::step;
 use crate::containers::{ContainerError, ContainerState, Containers, PodView, checked_config};
 use crate::pods::{PodError, PodRecord, PodSpec, PodState, Pods};
 use crate::stats::CgroupStats;
@@ -211,7 +212,11 @@ impl Lifecycle {
         })?;
         let view = self.pod_view(&pod);
         let hook = NriCreate::new(&self.nri, &pod);
-        let created = self.containers.create(view, config, &hook).await;
+        let created = self
+            .containers
+            .create(view, config, &hook)
+            .instrument(step!("container.create", pod = %pod_id))
+            .await;
         hook.release();
         let Some((shown_pod, shown)) = hook.sent() else {
             return created;
@@ -255,7 +260,10 @@ impl Lifecycle {
                 shown_pod = Some(pod);
             }
         }
-        self.containers.start(id).await?;
+        self.containers
+            .start(id)
+            .instrument(step!("container.start", container = %id))
+            .await?;
         drop(block);
         if let Some(pod) = shown_pod
             && let Ok(rec) = self.containers.get(id)
