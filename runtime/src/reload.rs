@@ -289,7 +289,12 @@ mod tests {
         let restart: Vec<_> = all.iter().filter(|k| !applied.contains(k)).collect();
         assert_eq!(
             restart,
-            ["nri.socket_path", "socket", "streaming.port", "tracing.endpoint"]
+            [
+                "nri.socket_path",
+                "socket",
+                "streaming.port",
+                "tracing.endpoint"
+            ]
         );
         assert_eq!(next.socket, PathBuf::from("/run/crust/crust.sock"));
         assert_eq!(next.log_level, LogLevel::Debug);

@@ -24,6 +24,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::{OnceCell, Semaphore, watch};
 use tracing::{Instrument, info_span};
 
+use crate::TRACE_TARGET;
 use crate::content::ContentStore;
 use crate::digest::{Digest, chain_ids};
 use crate::error::{Error, ErrorKind, Result};
@@ -37,7 +38,6 @@ use crate::manifest::{
 use crate::reference::Reference;
 use crate::registry::{Credentials, ProgressFn, Remote};
 use crate::usage::{FsUsage, usage};
-use crate::TRACE_TARGET;
 
 /// Layer downloads run at once per pull by default (containerd's default).
 pub const DEFAULT_MAX_CONCURRENT_DOWNLOADS: usize = 3;

@@ -22,8 +22,8 @@ use crust_api::v1::{ContainerConfig, LinuxContainerResources};
 use crust_nri::Nri;
 use tracing::{Instrument, debug, warn};
 
-use crate::otel::step;
 use crate::containers::{ContainerError, ContainerState, Containers, PodView, checked_config};
+use crate::otel::step;
 use crate::pods::{PodError, PodRecord, PodSpec, PodState, Pods};
 use crate::stats::CgroupStats;
 

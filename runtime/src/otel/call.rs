@@ -106,10 +106,7 @@ fn call_span<B>(req: &http::Request<B>) -> Span {
     let context = span.context();
     let span_context = context.span().span_context().clone();
     if span_context.is_valid() {
-        span.record(
-            "trace_id",
-            tracing::field::display(span_context.trace_id()),
-        );
+        span.record("trace_id", tracing::field::display(span_context.trace_id()));
     }
     span
 }
@@ -162,9 +159,8 @@ where
                     .get("grpc-message")
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or_default();
-                this.span.set_status(Status::error(crust_quote::truncate(
-                    message, 256,
-                )));
+                this.span
+                    .set_status(Status::error(crust_quote::truncate(message, 256)));
             }
         }
         Poll::Ready(res)

@@ -95,8 +95,10 @@ impl TracingSection {
 
     /// The sampling ratio of calls without a caller's decision.
     pub fn ratio(&self) -> f64 {
-        f64::from(self.sampling_rate_per_million.min(MAX_SAMPLING_RATE_PER_MILLION))
-            / f64::from(MAX_SAMPLING_RATE_PER_MILLION)
+        f64::from(
+            self.sampling_rate_per_million
+                .min(MAX_SAMPLING_RATE_PER_MILLION),
+        ) / f64::from(MAX_SAMPLING_RATE_PER_MILLION)
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -109,9 +111,7 @@ impl TracingSection {
             ));
         }
         let name = self.service_name.trim();
-        if name.is_empty()
-            || name.len() > MAX_SERVICE_NAME
-            || name.chars().any(|c| c.is_control())
+        if name.is_empty() || name.len() > MAX_SERVICE_NAME || name.chars().any(|c| c.is_control())
         {
             return Err(format!(
                 "tracing.service_name must be 1 to {MAX_SERVICE_NAME} printable characters, got \
@@ -148,7 +148,9 @@ mod tests {
         let s = with_endpoint("http://127.0.0.1:4317");
         assert!(s.enabled());
         assert_eq!(s.endpoint_uri().unwrap().unwrap().port_u16(), Some(4317));
-        with_endpoint("http://collector.local:4317/").validate().unwrap();
+        with_endpoint("http://collector.local:4317/")
+            .validate()
+            .unwrap();
         for (bad, says) in [
             ("https://c:4317", "https"),
             ("grpc://c:4317", "http://"),
@@ -158,9 +160,12 @@ mod tests {
             ("http://exa mple:1", "http://HOST:PORT"),
         ] {
             let err = with_endpoint(bad).validate().unwrap_err();
-            assert!(err.contains("tracing.endpoint") && err.contains(says), "{bad}: {err}");
+            assert!(
+                err.contains("tracing.endpoint") && err.contains(says),
+                "{bad}: {err}"
+            );
         }
-        let long = format!("http://{}:1", "a".repeat(10_000));
+        let long = format!("http://{}:1", "a b".repeat(5_000));
         assert!(with_endpoint(&long).validate().unwrap_err().len() < 1024);
     }
 
