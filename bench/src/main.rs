@@ -43,6 +43,23 @@ async fn push_test_image(registry: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `crust-bench otlp-receiver`: the endpoint on the first line of stdout,
+/// the count of spans received once stdin closes (the caller keeps it open
+/// for as long as the receiver is to run).
+async fn otlp_receiver() -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let receiver = crust_test_support::otlp::Receiver::start();
+    println!("{}", receiver.endpoint());
+    std::io::stdout().flush()?;
+    tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        std::io::stdin().read_to_end(&mut sink)
+    })
+    .await??;
+    println!("spans received: {}", receiver.spans().len());
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -56,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
             println!("{registry}/crust-bench/pause:3.9");
             return Ok(());
         }
+        Some(Command::OtlpReceiver) => return otlp_receiver().await,
         None => {}
     }
     let args = cli.args;
