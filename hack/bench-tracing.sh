@@ -18,18 +18,15 @@ off_pid=""
 receiver_pid=""
 bench_cleanup_extra() {
 	stop_pid "$off_pid"
-	exec 4>&- 2>/dev/null || true
 	stop_pid "$receiver_pid"
 }
 trap bench_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The receiver runs until its stdin (fd 4 here) closes.
-mkfifo "$work/receiver.in"
-"$BIN/crust-bench" otlp-receiver <"$work/receiver.in" >"$work/receiver.out" &
+# The receiver runs until SIGTERM, then says how many spans it received.
+"$BIN/crust-bench" otlp-receiver >"$work/receiver.out" &
 receiver_pid=$!
-exec 4>"$work/receiver.in"
 wait_for "OTLP receiver" "[[ -s $work/receiver.out ]]"
 endpoint=$(head -n 1 "$work/receiver.out")
 
@@ -77,8 +74,9 @@ echo "daemon cpu over the run: tracing on $(echo "$(cpu_seconds "$daemon_pid") -
 	"tracing off $(echo "$(cpu_seconds "$off_pid") - $off_cpu" | bc) s"
 # The last spans arrive within the export interval (5 s).
 sleep 6
-exec 4>&-
+kill -TERM "$receiver_pid"
 wait "$receiver_pid" || true
+receiver_pid=""
 tail -n 1 "$work/receiver.out"
 cp "$work/bench.json" target/bench-tracing.json
 echo "JSON report: target/bench-tracing.json"

@@ -40,7 +40,7 @@ pub enum Command {
     },
     /// Run an OTLP/gRPC trace receiver on 127.0.0.1 (the test harness's)
     /// for a daemon with `[tracing] endpoint`: prints its endpoint, then
-    /// runs until stdin closes and prints the spans it received.
+    /// runs until SIGTERM and prints how many spans it received.
     OtlpReceiver,
 }
 

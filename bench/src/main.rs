@@ -44,18 +44,19 @@ async fn push_test_image(registry: &str) -> anyhow::Result<()> {
 }
 
 /// `crust-bench otlp-receiver`: the endpoint on the first line of stdout,
-/// the count of spans received once stdin closes (the caller keeps it open
-/// for as long as the receiver is to run).
+/// then, at SIGTERM or SIGINT, the count of spans received.
 async fn otlp_receiver() -> anyhow::Result<()> {
-    use std::io::{Read, Write};
+    use std::io::Write;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let receiver = crust_test_support::otlp::Receiver::start();
     println!("{}", receiver.endpoint());
     std::io::stdout().flush()?;
-    tokio::task::spawn_blocking(|| {
-        let mut sink = Vec::new();
-        std::io::stdin().read_to_end(&mut sink)
-    })
-    .await??;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
     println!("spans received: {}", receiver.spans().len());
     Ok(())
 }
