@@ -19,6 +19,10 @@
 #               what the metrics endpoint costs: crust with and without it
 #               side by side, and /metrics scraped with 100 pods running
 #               (hack/bench-metrics.sh)
+#   make bench-tracing
+#               what OpenTelemetry tracing costs: crust exporting every
+#               call's spans to a local OTLP receiver beside crust without
+#               tracing (hack/bench-tracing.sh)
 #
 # All are meant for a fresh Debian 12 machine, as root.
 
@@ -52,7 +56,7 @@ VM_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation crust
 	crust-tests:checkpoint@cgroupfs
 TEST_LOG_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-metrics deps-run deps-test deps-vm deps-bench fmt lint critest clean
+.PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-metrics bench-tracing deps-run deps-test deps-vm deps-bench fmt lint critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -105,6 +109,10 @@ bench-vs-containerd: deps-bench
 bench-metrics: deps-bench
 	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
 	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-metrics.sh
+
+bench-tracing: deps-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-tracing.sh
 
 deps-run:
 	@hack/apt-install.sh $(RUN_PACKAGES) $(BUILD_PACKAGES)

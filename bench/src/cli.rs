@@ -38,6 +38,10 @@ pub enum Command {
         #[arg(long)]
         binary: PathBuf,
     },
+    /// Run an OTLP/gRPC trace receiver on 127.0.0.1 (the test harness's)
+    /// for a daemon with `[tracing] endpoint`: prints its endpoint, then
+    /// runs until SIGTERM and prints how many spans it received.
+    OtlpReceiver,
 }
 
 #[derive(clap::Args)]

@@ -43,6 +43,24 @@ async fn push_test_image(registry: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `crust-bench otlp-receiver`: the endpoint on the first line of stdout,
+/// then, at SIGTERM or SIGINT, the count of spans received.
+async fn otlp_receiver() -> anyhow::Result<()> {
+    use std::io::Write;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let receiver = crust_test_support::otlp::Receiver::start();
+    println!("{}", receiver.endpoint());
+    std::io::stdout().flush()?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    println!("spans received: {}", receiver.spans().len());
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -56,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
             println!("{registry}/crust-bench/pause:3.9");
             return Ok(());
         }
+        Some(Command::OtlpReceiver) => return otlp_receiver().await,
         None => {}
     }
     let args = cli.args;

@@ -51,6 +51,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     /// Image pulls: how long a download may stall, how many layers at once.
     pub image: ImageSection,
+    /// OpenTelemetry tracing of CRI calls (off unless an endpoint is given).
+    pub tracing: crate::otel::TracingSection,
 }
 
 /// The `[checkpoint]` table (here, not in `checkpoint`: the config
@@ -317,6 +319,7 @@ impl Default for Config {
             log_size_max: 0,
             checkpoint: Default::default(),
             image: ImageSection::default(),
+            tracing: crate::otel::TracingSection::default(),
         }
     }
 }
@@ -619,6 +622,7 @@ impl Config {
                  {downloads}"
             )));
         }
+        self.tracing.validate().map_err(ConfigError::Invalid)?;
         if self.socket.file_name().is_none() {
             return Err(ConfigError::Invalid(format!(
                 "socket {} has no file name",
@@ -804,6 +808,27 @@ mod tests {
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains("image.max_concurrent_downloads"), "{err}");
         }
+    }
+
+    #[test]
+    fn tracing_section_is_off_by_default_shown_and_checked() {
+        let text = Config::default_toml();
+        assert!(text.contains("[tracing]"), "{text}");
+        assert!(text.contains("endpoint = \"\""), "{text}");
+        assert!(text.contains("sampling_rate_per_million = 0"), "{text}");
+        assert!(text.contains("service_name = \"crust\""), "{text}");
+        assert!(!Config::default().tracing.enabled());
+        let c = Config::parse(
+            "[tracing]\nendpoint = \"http://127.0.0.1:4317\"\nsampling_rate_per_million = 1000000\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert!(c.tracing.enabled());
+        let c = Config::parse("[tracing]\nendpoint = \"https://x:4317\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("tracing.endpoint"), "{err}");
+        let err = Config::parse("[tracing]\nendpiont = \"http://x:1\"\n").unwrap_err();
+        assert!(err.contains("endpiont"), "{err}");
     }
 
     #[test]

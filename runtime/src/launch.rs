@@ -12,9 +12,11 @@ use std::time::Duration;
 use crust_oci::Spec;
 use crust_quote::quote_os;
 use crust_shim_protocol::{RuntimeConfig, ShimBinary, ShimConfig, SpawnOptions};
+use tracing::Instrument;
 
 use crate::config::Config;
 use crate::monitor::Monitor;
+use crate::otel::step;
 use crate::tasks::blocking;
 
 /// What to run and where its monitor keeps its state.
@@ -147,8 +149,13 @@ impl Launcher {
             },
             timeout: launch.timeout,
         };
-        blocking(move || write_bundle(&launch)).await?;
-        Monitor::spawn(opts).await.map_err(LaunchError::Monitor)
+        blocking(move || write_bundle(&launch))
+            .instrument(step!("bundle.write"))
+            .await?;
+        Monitor::spawn(opts)
+            .instrument(step!("monitor.start"))
+            .await
+            .map_err(LaunchError::Monitor)
     }
 }
 

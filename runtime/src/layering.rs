@@ -18,8 +18,16 @@ const TEST_ONLY_MODULES: &[&str] = &["fakes", "layering"];
 const TEST_ONLY_FILES: &[&str] = &["tests.rs"];
 
 /// Modules that may know of tonic: the gRPC layer, the server, its tower
-/// layers, and the CLI's client.
-const GRPC: &[&str] = &["services", "server", "api_version", "idle", "cli", "main"];
+/// layers, the CLI's client, and the OTLP exporter (a gRPC client).
+const GRPC: &[&str] = &[
+    "services",
+    "server",
+    "api_version",
+    "idle",
+    "cli",
+    "main",
+    "otel",
+];
 
 struct Source {
     /// Top-level module (`pods` for `pods/host.rs`; `main` for main.rs).

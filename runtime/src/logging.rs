@@ -1,7 +1,10 @@
 //! The daemon's log: tracing to stderr, with a level that can change at
 //! run time (`crust log-level debug --for 10m`, through the admin API) and
 //! revert by itself, as Mesos' SET_LOGGING_LEVEL does with a duration; a
-//! config reload changes the configured level and the format.
+//! config reload changes the configured level and the format. With
+//! `[tracing] endpoint` set, the OTel layer sits beside the log's layers:
+//! it sees only the spans of `otel::TARGET`, and the log lines written in
+//! a CRI call carry its span's `trace_id` field.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +13,14 @@ use std::time::{Duration, Instant};
 
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber, info, warn};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
 use crate::config::{Config, LogFormat, LogLevel};
+use crate::otel::{self, OtelError};
 
 /// The level in force and where it goes back to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +50,11 @@ struct Inner {
 pub struct LogControl {
     handle: Option<reload::Handle<EnvFilter, Registry>>,
     quiet: &'static str,
+    /// The directive of the OTel spans' target: on with tracing, else off
+    /// (at any level: without tracing they are never made).
+    spans: Arc<str>,
+    /// The exporting side when tracing is on; flushed at shutdown.
+    tracing: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
     inner: Arc<Mutex<Inner>>,
     /// Events are written as JSON (else as text).
     json: Arc<AtomicBool>,
@@ -105,20 +115,31 @@ where
 }
 
 /// The filter of `level`: dependencies' chatter (`quiet`, directives
-/// such as `hyper=warn`) stays down unless tracing everything.
-fn filter(level: LogLevel, quiet: &str) -> EnvFilter {
+/// such as `hyper=warn`) stays down unless tracing everything; `spans`
+/// turns the OTel spans' target on or off whatever the level.
+fn filter(level: LogLevel, quiet: &str, spans: &str) -> EnvFilter {
     let level_text = level.as_str();
     if level == LogLevel::Trace || quiet.is_empty() {
-        EnvFilter::new(level_text)
+        EnvFilter::new(format!("{level_text},{spans}"))
     } else {
-        EnvFilter::new(format!("{level_text},{quiet}"))
+        EnvFilter::new(format!("{level_text},{quiet},{spans}"))
     }
+}
+
+/// The directive of [`otel::TARGET`].
+fn spans_directive(on: bool) -> Arc<str> {
+    let level = if on { "trace" } else { "off" };
+    format!("{}={level}", otel::TARGET).into()
 }
 
 /// Sets up the daemon's log (once per process) and answers its control.
 /// `quiet`: directives for dependencies below trace (see [`filter`]).
-pub fn init(config: &Config, quiet: &'static str) -> LogControl {
-    let (filter_layer, handle) = reload::Layer::new(filter(config.log_level, quiet));
+/// With `[tracing] endpoint` set, also the OTel layer and its exporter:
+/// call it inside the daemon's tokio runtime then.
+pub fn init(config: &Config, quiet: &'static str) -> Result<LogControl, OtelError> {
+    let pipeline = otel::pipeline(&config.tracing)?;
+    let spans = spans_directive(pipeline.is_some());
+    let (filter_layer, handle) = reload::Layer::new(filter(config.log_level, quiet, &spans));
     let ansi = std::io::stderr().is_terminal();
     let json = Arc::new(AtomicBool::new(config.log_format == LogFormat::Json));
     let formats = FormatSwitch {
@@ -130,13 +151,43 @@ pub fn init(config: &Config, quiet: &'static str) -> LogControl {
             .with_writer(std::io::stderr),
         json_on: json.clone(),
     };
+    let (otel_layer, provider) = match pipeline {
+        Some(p) => {
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(p.tracer)
+                // What a span costs: no code locations, thread names,
+                // busy/idle timings or context activation, which nothing
+                // here reads.
+                .with_location(false)
+                .with_threads(false)
+                .with_target(false)
+                .with_tracked_inactivity(false)
+                .with_context_activation(false)
+                // Only crust's own spans (and their events), not every
+                // log line as a span event.
+                .with_filter(Targets::new().with_target(otel::TARGET, tracing::Level::TRACE));
+            (Some(layer), Some(p.provider))
+        }
+        None => (None, None),
+    };
     tracing_subscriber::registry()
         .with(filter_layer)
         .with(formats)
+        .with(otel_layer)
         .init();
-    LogControl {
+    if provider.is_some() {
+        info!(
+            endpoint = %config.tracing.endpoint.trim(),
+            sampling_rate_per_million = config.tracing.sampling_rate_per_million,
+            service_name = %config.tracing.service_name.trim(),
+            "OpenTelemetry tracing on (OTLP/gRPC)"
+        );
+    }
+    Ok(LogControl {
         handle: Some(handle),
         quiet,
+        spans,
+        tracing: provider,
         inner: Arc::new(Mutex::new(Inner {
             state: LevelState {
                 level: config.log_level,
@@ -146,7 +197,7 @@ pub fn init(config: &Config, quiet: &'static str) -> LogControl {
             generation: 0,
         })),
         json,
-    }
+    })
 }
 
 impl LogControl {
@@ -156,6 +207,8 @@ impl LogControl {
         LogControl {
             handle: None,
             quiet: "",
+            spans: spans_directive(false),
+            tracing: None,
             inner: Arc::new(Mutex::new(Inner {
                 state: LevelState {
                     level,
@@ -255,9 +308,19 @@ impl LogControl {
     fn apply(&self, level: LogLevel) -> Result<(), String> {
         match &self.handle {
             Some(h) => h
-                .reload(filter(level, self.quiet))
+                .reload(filter(level, self.quiet, &self.spans))
                 .map_err(|e| e.to_string()),
             None => Ok(()),
+        }
+    }
+
+    /// Exports the spans still queued (at shutdown), waiting at most for
+    /// the exporter's timeout. Blocks: call it off the async workers.
+    pub fn flush_traces(&self) {
+        if let Some(p) = &self.tracing
+            && let Err(e) = p.shutdown()
+        {
+            warn!("exporting the last spans: {e}");
         }
     }
 

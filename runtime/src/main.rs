@@ -41,6 +41,7 @@
 //! clock.rs, ids.rs, tasks.rs   now_ns, random IDs, blocking()
 //! quote.rs             bounded quoting of client input in messages
 //! reload.rs            re-reading the config (SIGHUP, `crust reload`)
+//! otel/                OpenTelemetry: [tracing] config, exporter, CRI call spans
 //! config.rs, api_version.rs, idle.rs, cli/
 //! ```
 
@@ -68,6 +69,7 @@ mod logging;
 mod metrics;
 mod monitor;
 mod node;
+mod otel;
 mod pod_metrics;
 mod pods;
 mod reload;
@@ -228,21 +230,31 @@ fn main() -> ExitCode {
 
 fn run_daemon(source: ConfigSource) -> anyhow::Result<()> {
     let loaded = source.load()?;
-    // Dependencies' chatter stays down unless tracing everything.
-    let log = logging::init(
-        &loaded.config,
-        "h2=warn,hyper=warn,tower=warn,tonic=warn,loona_hpack=warn,libcgroups=error,zbus=warn",
-    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("crust")
+        .build()
+        .context("starting the async runtime")?;
+    // Inside the runtime: the OTLP exporter's channel lives there.
+    let log = {
+        let _in_runtime = rt.enter();
+        // Dependencies' chatter stays down unless tracing everything.
+        logging::init(
+            &loaded.config,
+            "h2=warn,hyper=warn,tower=warn,tonic=warn,loona_hpack=warn,libcgroups=error,zbus=warn",
+        )?
+    };
     // A socket per live container (its watcher) and per client: take the
     // hard limit, and hand the node's soft limit on to monitors.
     match crust_linux::process::raise_open_files_limit() {
         Ok(soft) => crust_shim_protocol::set_monitor_open_files_limit(soft),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("crust")
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(server::serve(source, loaded, log))
+    let result = rt.block_on(server::serve(source, loaded, log.clone()));
+    // The spans of the last calls, while the runtime (and so the
+    // exporter's channel) still runs.
+    rt.block_on(async move {
+        let _ = tokio::task::spawn_blocking(move || log.flush_traces()).await;
+    });
+    result
 }

@@ -10,9 +10,10 @@
 //!   pull), `cdi_spec_dirs`, `log_size_max`,
 //!   `nri.plugin_registration_timeout`, `nri.plugin_request_timeout`;
 //! - restart: `socket`, `root`, `run_dir`, `cgroup_driver`, `shim_binary`,
-//!   `network.*`, `streaming.*`, `metrics.*`, `checkpoint.*` and the rest
-//!   of `nri.*` (sockets, listeners and state already in use; criu's
-//!   check is run once at start).
+//!   `network.*`, `streaming.*`, `metrics.*`, `tracing.*` (the exporter
+//!   and the log's layers are made once), `checkpoint.*` (criu's check is
+//!   run once at start) and the rest of `nri.*` (sockets, listeners and
+//!   state already in use).
 //!
 //! Flags win over the file at a reload as at start. Pods and containers
 //! keep what they were created with: a container's record holds its
@@ -240,6 +241,7 @@ fn keep_restart_only(next: &mut Config, old: &Config) {
     next.streaming = old.streaming.clone();
     next.metrics = old.metrics.clone();
     next.checkpoint = old.checkpoint.clone();
+    next.tracing = old.tracing.clone();
     let timeouts = (
         next.nri.plugin_registration_timeout,
         next.nri.plugin_request_timeout,
@@ -270,7 +272,8 @@ mod tests {
             "log_level = \"debug\"\nsocket = \"/x.sock\"\ncdi_spec_dirs = [\"/cdi\"]\n\
              [streaming]\nport = 1234\n[nri]\nplugin_request_timeout = \"9s\"\n\
              socket_path = \"/n.sock\"\n[runtimes.extra]\ntype = \"embedded\"\n\
-             [image]\npull_progress_timeout = \"1m\"\n",
+             [image]\npull_progress_timeout = \"1m\"\n\
+             [tracing]\nendpoint = \"http://127.0.0.1:4317\"\n",
         );
         let mut next = wanted.clone();
         keep_restart_only(&mut next, &old);
@@ -288,7 +291,15 @@ mod tests {
         );
         let all = changed(&old_keys, &config_keys(&wanted));
         let restart: Vec<_> = all.iter().filter(|k| !applied.contains(k)).collect();
-        assert_eq!(restart, ["nri.socket_path", "socket", "streaming.port"]);
+        assert_eq!(
+            restart,
+            [
+                "nri.socket_path",
+                "socket",
+                "streaming.port",
+                "tracing.endpoint"
+            ]
+        );
         assert_eq!(next.socket, PathBuf::from("/run/crust/crust.sock"));
         assert_eq!(next.log_level, LogLevel::Debug);
         assert_eq!(next.nri.plugin_request_timeout, Duration::from_secs(9));

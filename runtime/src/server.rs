@@ -28,6 +28,7 @@ use crate::logging::LogControl;
 use crate::metrics::Metrics;
 use crate::metrics::grpc::RpcMetricsLayer;
 use crate::metrics::health::Health;
+use crate::otel::CriTraceLayer;
 use crate::reload::Reloader;
 use crate::services::{Admin, Cri, Operator};
 
@@ -91,12 +92,15 @@ pub async fn serve(
             started_at: std::time::SystemTime::now(),
         },
     );
+    let tracing_on = daemon.config.tracing.enabled();
     let cri = Cri::new(daemon.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFixed::new));
     let server = tonic::transport::Server::builder()
         // Outermost: counts each call once, under the name it came with.
         .layer(RpcMetricsLayer::new(metrics))
+        // Before the v1alpha2 rewrite too: a span is named as its call came.
+        .layer(CriTraceLayer::new(tracing_on))
         .layer(ApiVersionLayer)
         .layer(crate::idle::ActivityLayer)
         .add_service(RuntimeServiceServer::new(cri.clone()))

@@ -26,6 +26,11 @@ pub mod unpack;
 pub mod usage;
 pub mod user;
 
+/// The `tracing` target of the pull's spans (image pull, manifest, one per
+/// layer with its fetch and unpack): the daemon turns it on, and exports
+/// those spans over OpenTelemetry, only when tracing is configured.
+pub const TRACE_TARGET: &str = "crust_trace";
+
 pub use digest::Digest;
 pub use error::{Error, ErrorKind, Result};
 pub use index::{Image, Lease};

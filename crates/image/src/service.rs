@@ -22,7 +22,9 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{OnceCell, Semaphore, watch};
+use tracing::{Instrument, info_span};
 
+use crate::TRACE_TARGET;
 use crate::content::ContentStore;
 use crate::digest::{Digest, chain_ids};
 use crate::error::{Error, ErrorKind, Result};
@@ -207,6 +209,11 @@ impl ImageService {
             .get_or_init(|| async {
                 let result = self
                     .pull_uncached(&reference, creds, progress.as_ref(), policy.as_deref())
+                    .instrument(info_span!(
+                        target: TRACE_TARGET,
+                        "image.pull",
+                        image = %reference
+                    ))
                     .await;
                 if let Err(e) = &result
                     && e.kind() == ErrorKind::InvalidContent
@@ -266,16 +273,23 @@ impl ImageService {
         let hosts = RegistryHosts::new(settings.registry_config_dir.clone());
         let remote = Remote::new(&hosts, reference, creds, settings.progress_timeout)?;
         let mut pins = self.inner.pins.pin([]);
-        let (top, top_digest) = remote.fetch_top_manifest().await?;
-        // The signature policy decides before anything of the image is
-        // stored or any other blob fetched.
-        let verdict = match policy {
-            Some(path) => crate::signature::check(path, &remote, reference, &top_digest).await?,
-            None => Verdict::Unchecked,
-        };
-        let (manifest, manifest_digest, docs) = self
-            .resolve_platform(&remote, top, top_digest.clone(), &mut pins)
-            .await?;
+        let (manifest, manifest_digest, docs, top_digest, verdict) = async {
+            let (top, top_digest) = remote.fetch_top_manifest().await?;
+            // The signature policy decides before anything of the image is
+            // stored or any other blob fetched.
+            let verdict = match policy {
+                Some(path) => {
+                    crate::signature::check(path, &remote, reference, &top_digest).await?
+                }
+                None => Verdict::Unchecked,
+            };
+            let (manifest, manifest_digest, docs) = self
+                .resolve_platform(&remote, top, top_digest.clone(), &mut pins)
+                .await?;
+            Ok::<_, Error>((manifest, manifest_digest, docs, top_digest, verdict))
+        }
+        .instrument(info_span!(target: TRACE_TARGET, "image.manifest"))
+        .await?;
         let names = Names {
             tags: reference.repo_tag().into_iter().collect(),
             digests: vec![reference.repo_digest(&top_digest)],
@@ -331,7 +345,13 @@ impl ImageService {
     ) -> Result<Image> {
         let config_desc = &manifest.config;
         pins.add([blob_key(&config_desc.digest)]);
-        self.ensure_blob(source, config_desc).await?;
+        self.ensure_blob(source, config_desc)
+            .instrument(info_span!(
+                target: TRACE_TARGET,
+                "image.config",
+                digest = %config_desc.digest
+            ))
+            .await?;
         let config_bytes = self
             .inner
             .content
@@ -425,8 +445,21 @@ impl ImageService {
         let cancel = Cancel::new();
         let downloads = Semaphore::new(self.pull_settings().max_concurrent_downloads);
         let mut jobs = FuturesUnordered::new();
-        for ((layer, diff_id), chain) in manifest.layers.iter().zip(diff_ids).zip(chains) {
-            jobs.push(self.ensure_layer(source, layer, diff_id, chain, &downloads, cancel.token()));
+        for (index, ((layer, diff_id), chain)) in
+            manifest.layers.iter().zip(diff_ids).zip(chains).enumerate()
+        {
+            let span = info_span!(
+                target: TRACE_TARGET,
+                "image.layer",
+                index,
+                digest = %layer.digest,
+                size = layer.size,
+                present = tracing::field::Empty,
+            );
+            jobs.push(
+                self.ensure_layer(source, layer, diff_id, chain, &downloads, cancel.token())
+                    .instrument(span),
+            );
         }
         let mut first_error = None;
         while let Some(result) = jobs.next().await {
@@ -464,6 +497,7 @@ impl ImageService {
             ));
         }
         if self.inner.layers.has(chain) {
+            tracing::Span::current().record("present", true);
             report_present(source, desc);
             return Ok(());
         }
@@ -472,7 +506,9 @@ impl ImageService {
                 .acquire()
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))?;
-            self.ensure_blob(source, desc).await
+            self.ensure_blob(source, desc)
+                .instrument(info_span!(target: TRACE_TARGET, "layer.fetch"))
+                .await
         };
         tokio::select! {
             fetched = fetch => fetched?,
@@ -483,8 +519,9 @@ impl ImageService {
         let (chain, diff_id, label) = (chain.clone(), diff_id.clone(), desc.digest.to_string());
         let privileged = self.inner.privileged;
         let flag = cancel.flag;
+        let span = info_span!(target: TRACE_TARGET, "layer.unpack");
         tokio::task::spawn_blocking(move || {
-            layers.unpack(&chain, blob, &diff_id, &label, privileged, &flag)
+            span.in_scope(|| layers.unpack(&chain, blob, &diff_id, &label, privileged, &flag))
         })
         .await
         .map_err(|e| Error::Internal(format!("unpack task: {e}")))?

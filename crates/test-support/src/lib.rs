@@ -6,10 +6,10 @@
 //! ([`host`]), a noisy neighbour that mounts and renames while the suites
 //! run ([`noisy`]), the streaming tests' peers (node client, raw HTTP, an echo
 //! server in a netns: [`peers`]), a real registry with image builders
-//! ([`registry`]), and
+//! ([`registry`]), an OTLP trace receiver ([`otlp`]), and
 //! the start most suites share: a daemon that pulled a test image from a
 //! registry ([`setup`]).
-//! Everything but [`registry`] and [`peers`] is re-exported at the crate
+//! Everything but [`registry`], [`peers`] and [`otlp`] is re-exported at the crate
 //! root.
 
 pub mod cri;
@@ -17,6 +17,7 @@ pub mod daemon;
 pub mod host;
 pub mod network;
 pub mod noisy;
+pub mod otlp;
 pub mod peers;
 pub mod registry;
 pub mod run_env;

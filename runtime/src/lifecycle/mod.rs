@@ -20,9 +20,10 @@ use std::sync::Arc;
 
 use crust_api::v1::{ContainerConfig, LinuxContainerResources};
 use crust_nri::Nri;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::containers::{ContainerError, ContainerState, Containers, PodView, checked_config};
+use crate::otel::step;
 use crate::pods::{PodError, PodRecord, PodSpec, PodState, Pods};
 use crate::stats::CgroupStats;
 
@@ -231,6 +232,7 @@ impl Lifecycle {
         let created = self
             .containers
             .create(view, config, &hook, restore.map(|a| a.path.clone()))
+            .instrument(step!("container.create", pod = %pod_id))
             .await;
         hook.release();
         let Some((shown_pod, shown)) = hook.sent() else {
@@ -275,7 +277,10 @@ impl Lifecycle {
                 shown_pod = Some(pod);
             }
         }
-        self.containers.start(id).await?;
+        self.containers
+            .start(id)
+            .instrument(step!("container.start", container = %id))
+            .await?;
         drop(block);
         if let Some(pod) = shown_pod
             && let Ok(rec) = self.containers.get(id)

@@ -10,7 +10,7 @@ use crust_api::v1::LinuxContainerResources;
 use crust_linux::ns::{self, NamespaceKind, PinOptions};
 use crust_network::config::NetworkConfigList;
 use crust_network::{Attachment, DEFAULT_IFNAME, DelAttempt, RuntimeCapabilities};
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use super::host::PodHost;
 use super::record::{self, NamespacePaths, NetworkRecord, PodRecord, PodState};
@@ -18,6 +18,7 @@ use super::spec::PodSpec;
 use super::{PodError, PodOp, Pods, files, name_key, pause};
 use crate::clock::now_ns;
 use crate::crash;
+use crate::otel::step;
 use crate::tasks::blocking;
 
 impl Pods {
@@ -66,11 +67,16 @@ impl Pods {
                 crash::point("pod.run.record");
                 create_local(&*host, &rec, &spec)
             })
+            .instrument(step!("pod.setup"))
             .await
         };
         let res = match res {
             Ok(()) if pause::shares_pid(&rec) => {
-                let started = self.host.start_pause(&rec, &self.oci_facts(&rec)).await;
+                let started = self
+                    .host
+                    .start_pause(&rec, &self.oci_facts(&rec))
+                    .instrument(step!("pause.start"))
+                    .await;
                 crash::point("pod.run.pause");
                 started
             }
@@ -87,7 +93,11 @@ impl Pods {
 
         // 2. CNI ADD.
         if let Some(net) = rec.network.as_mut() {
-            let added = self.host.cni_add(&net.config, &net.attachment).await;
+            let added = self
+                .host
+                .cni_add(&net.config, &net.attachment)
+                .instrument(step!("cni.add", network = %net.config.name))
+                .await;
             crash::point("pod.run.cni_added");
             match added {
                 Ok(added) => {
@@ -442,6 +452,7 @@ impl Pods {
         };
         self.host
             .cni_del(&net.config, &net.attachment, net.result.as_ref(), attempt)
+            .instrument(step!("cni.del", network = %net.config.name))
             .await
     }
 

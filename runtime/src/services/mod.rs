@@ -64,12 +64,17 @@ pub fn batched<T: Clone, R: Send + 'static>(
 }
 
 /// Runs a lifecycle operation as its own task, so that a client going away
-/// mid-call (the RPC future is dropped) cannot cut it off halfway.
+/// mid-call (the RPC future is dropped) cannot cut it off halfway. The
+/// task stays in the call's span (its trace, its log lines' trace id).
 async fn detached<T: Send + 'static, E: Send + 'static>(
     op: impl Future<Output = Result<T, E>> + Send + 'static,
     status: impl FnOnce(E) -> Status,
 ) -> Result<T, Status> {
-    tokio::spawn(op).await.map_err(internal)?.map_err(status)
+    use tracing::Instrument;
+    tokio::spawn(op.in_current_span())
+        .await
+        .map_err(internal)?
+        .map_err(status)
 }
 
 /// Labels and annotations as CRI messages carry them.
