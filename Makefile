@@ -56,7 +56,7 @@ VM_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation crust
 	crust-tests:checkpoint@cgroupfs
 TEST_LOG_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-metrics bench-tracing deps-run deps-test deps-vm deps-bench fmt lint critest clean
+.PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-metrics bench-tracing deps-run deps-test deps-vm deps-bench fmt lint docs critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -146,6 +146,7 @@ install-files:
 	install -D -m 0755 $(BIN_DIR)/crust $(DESTDIR)$(PREFIX)/bin/crust
 	install -D -m 0755 $(BIN_DIR)/crust-shim $(DESTDIR)$(PREFIX)/bin/crust-shim
 	install -D -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/crust/README.md
+	for f in docs/*.md; do install -D -m 0644 $$f $(DESTDIR)$(PREFIX)/share/doc/crust/$$f; done
 	install -d -m 0755 $(DESTDIR)/etc/systemd/system
 	sed -e 's|/usr/local/bin/crust |$(PREFIX)/bin/crust |' \
 		-e 's|/usr/local/share/doc/crust/|$(PREFIX)/share/doc/crust/|' \
@@ -166,6 +167,11 @@ install-files:
 
 fmt:
 	$(CARGO) fmt --all
+
+# docs/configuration.md's defaults block, from `crust config default` (a unit
+# test fails when it is stale).
+docs: build
+	hack/gen-config-doc.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -637,6 +637,45 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// docs/configuration.md shows the defaults exactly as `crust config
+    /// default` prints them (`make docs` writes them there) and describes
+    /// every key in its table.
+    #[test]
+    fn the_configuration_doc_shows_the_defaults_and_every_key() {
+        let doc = include_str!("../../docs/configuration.md");
+        let begin = "<!-- crust config default: begin -->\n```toml\n";
+        let end = "```\n<!-- crust config default: end -->";
+        let i = doc.find(begin).expect("the begin marker") + begin.len();
+        let j = doc.find(end).expect("the end marker");
+        let defaults = Config::default_toml();
+        assert_eq!(
+            doc[i..j].trim_end(),
+            defaults.trim_end(),
+            "docs/configuration.md is stale: run `make docs`"
+        );
+        let described = &doc[j..];
+        let value: toml::Value = toml::from_str(&defaults).unwrap();
+        let mut missing = Vec::new();
+        for (key, v) in value.as_table().unwrap() {
+            let keys: Vec<String> = match v {
+                toml::Value::Table(t) if key != "runtimes" => {
+                    t.keys().map(|sub| format!("{key}.{sub}")).collect()
+                }
+                // Handlers are tables named by the operator.
+                toml::Value::Table(_) => vec![format!("{key}.<name>")],
+                _ => vec![key.clone()],
+            };
+            missing.extend(
+                keys.into_iter()
+                    .filter(|k| !described.contains(&format!("`{k}`"))),
+            );
+        }
+        assert!(
+            missing.is_empty(),
+            "keys without a row in docs/configuration.md: {missing:?}"
+        );
+    }
+
     #[test]
     fn default_toml_round_trips() {
         let text = Config::default_toml();
