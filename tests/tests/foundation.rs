@@ -257,23 +257,6 @@ async fn update_runtime_config_stores_the_pod_cidr_across_restarts() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn unbuilt_rpcs_answer_unimplemented_with_their_name() {
-    let d = Daemon::start().await;
-    let err = d
-        .runtime_v1()
-        .await
-        .checkpoint_container(v1::CheckpointContainerRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented);
-    assert!(
-        err.message().contains("CheckpointContainer"),
-        "{}",
-        err.message()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn socket_is_0660_and_removed_on_sigterm() {
     let mut d = Daemon::start().await;
     let meta = std::fs::metadata(&d.socket).unwrap();
