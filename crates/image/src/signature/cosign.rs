@@ -12,6 +12,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use sigstore::crypto::{CosignVerificationKey, Signature as RawSignature};
 
+use super::typed::Res;
 use crate::digest::Digest;
 use crate::manifest::{Descriptor, Manifest};
 use crate::reference::Reference;
@@ -39,8 +40,6 @@ pub struct Signed {
     pub payload: Descriptor,
     pub signature: String,
 }
-
-type Res<T> = std::result::Result<T, String>;
 
 /// The signatures a signature manifest holds (layers of other types are
 /// not signatures and are passed over).

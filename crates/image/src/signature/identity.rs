@@ -6,6 +6,7 @@
 use crust_quote::quote;
 use serde_json::Value;
 
+use super::typed::{Res, Typed};
 use crate::reference::Reference;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,21 +30,11 @@ pub enum SignedIdentity {
     },
 }
 
-type Res<T> = std::result::Result<T, String>;
-
 impl SignedIdentity {
     pub fn parse(value: &Value) -> Res<SignedIdentity> {
-        let obj = value.as_object().ok_or("not an object")?;
-        let kind = obj
-            .get("type")
-            .and_then(Value::as_str)
-            .ok_or("no \"type\"")?;
-        let only = |allowed: &[&str]| -> Res<()> {
-            match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-                Some(k) => Err(format!("{kind}: unknown key {}", quote(k))),
-                None => Ok(()),
-            }
-        };
+        let typed = Typed::parse(value)?;
+        let (obj, kind) = (typed.obj, typed.kind);
+        let only = |allowed: &[&str]| typed.only(allowed);
         let text = |key: &str| -> Res<&str> {
             obj.get(key)
                 .and_then(Value::as_str)

@@ -15,6 +15,7 @@
 pub mod cosign;
 pub mod identity;
 pub mod policy;
+mod typed;
 
 use std::path::{Path, PathBuf};
 

@@ -16,6 +16,7 @@ use serde_json::Value;
 use sigstore::crypto::CosignVerificationKey;
 
 use super::identity::SignedIdentity;
+use super::typed::{Res, Typed};
 use crate::reference::Reference;
 
 /// Largest policy file read.
@@ -68,8 +69,6 @@ impl Requirement {
         }
     }
 }
-
-type Res<T> = std::result::Result<T, String>;
 
 impl Policy {
     /// Reads and parses a policy file.
@@ -213,17 +212,9 @@ fn requirements(value: &Value) -> Res<Vec<Requirement>> {
 }
 
 fn requirement(value: &Value) -> Res<Requirement> {
-    let obj = value.as_object().ok_or("not an object")?;
-    let kind = obj
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or("no \"type\"")?;
-    let only = |allowed: &[&str]| -> Res<()> {
-        match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(k) => Err(format!("{kind}: unknown key {}", quote(k))),
-            None => Ok(()),
-        }
-    };
+    let typed = Typed::parse(value)?;
+    let (obj, kind) = (typed.obj, typed.kind);
+    let only = |allowed: &[&str]| typed.only(allowed);
     match kind {
         "insecureAcceptAnything" => {
             only(&["type"])?;
