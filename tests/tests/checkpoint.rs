@@ -53,9 +53,7 @@ async fn env(builder: DaemonBuilder) -> Env {
 impl Env {
     /// A pod on `handler` with one running container; (pod, container id).
     async fn running(&mut self, name: &str, handler: &str) -> (Pod, String) {
-        let mut pod_config = host_network_pod(name, "crust-test");
-        pod_config.log_directory = self.dir.path().join(name).display().to_string();
-        let pod = run_pod(&mut self.rt, pod_config, handler).await;
+        let pod = new_pod(self, name, handler).await;
         let id = run_container(&mut self.rt, &pod, container_config("c", &self.image)).await;
         (pod, id)
     }
@@ -94,6 +92,19 @@ impl Env {
             .into_inner()
             .info;
         serde_json::from_str(&info["checkpoint"]).unwrap()
+    }
+
+    /// Whether criu works here; if not, the test is counted as skipped.
+    async fn checkpointing_available(&mut self) -> bool {
+        let info = self.checkpoint_info().await;
+        let available = info["available"] == true;
+        if !available {
+            skipped(&format!(
+                "checkpointing is not available here: {}",
+                info["reason"].as_str().unwrap_or("?")
+            ));
+        }
+        available
     }
 
     fn crust_status(&self) -> String {
@@ -233,17 +244,10 @@ fn entries(tar_bytes: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn checkpoint_a_running_container_keeps_it_running() {
     let mut e = env(Daemon::builder()).await;
-    let info = e.checkpoint_info().await;
-    if info["available"] != true {
-        skipped(&format!(
-            "checkpointing is not available here: {}",
-            info["reason"].as_str().unwrap_or("?")
-        ));
+    if !e.checkpointing_available().await {
         return;
     }
-    let mut pod_config = host_network_pod("ckpt", "crust-test");
-    pod_config.log_directory = e.dir.path().join("ckpt").display().to_string();
-    let pod = run_pod(&mut e.rt, pod_config, "runc").await;
+    let pod = new_pod(&mut e, "ckpt", "runc").await;
     let mut config = container_config("c", &e.image);
     config.command = vec!["sh".into(), "-c".into()];
     config.args = vec![
@@ -537,12 +541,7 @@ fn logged_counts(log: &Path) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn restore_into_a_new_pod_continues_from_the_checkpoint() {
     let mut e = env(Daemon::builder()).await;
-    let info = e.checkpoint_info().await;
-    if info["available"] != true {
-        skipped(&format!(
-            "checkpointing is not available here: {}",
-            info["reason"].as_str().unwrap_or("?")
-        ));
+    if !e.checkpointing_available().await {
         return;
     }
     let old_pod = new_pod(&mut e, "before", "runc").await;
