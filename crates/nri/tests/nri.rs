@@ -149,6 +149,19 @@ async fn wait_gone(env: &Env, name: &str) {
     }
 }
 
+/// RunPodSandbox, CreateContainer and StartContainer of `c` in `pd`.
+async fn run_and_start(env: &Env, pd: &PodSandbox, c: &Container) {
+    env.nri.run_pod_sandbox(|| pd.clone()).await.unwrap();
+    env.nri
+        .create_container(|| (pd.clone(), c.clone()))
+        .await
+        .unwrap();
+    env.nri
+        .start_container(|| (pd.clone(), c.clone()))
+        .await
+        .unwrap();
+}
+
 fn names(events: &[(String, String, String)]) -> Vec<&str> {
     events.iter().map(|e| e.0.as_str()).collect()
 }
@@ -340,15 +353,7 @@ async fn exit_notification_stops_once() {
     let env = start().await;
     let p = plugin(&env, "test", "10", Behaviour::default()).await;
     let (pd, c) = (pod("p1"), ctr("c1", "p1"));
-    env.nri.run_pod_sandbox(|| pd.clone()).await.unwrap();
-    env.nri
-        .create_container(|| (pd.clone(), c.clone()))
-        .await
-        .unwrap();
-    env.nri
-        .start_container(|| (pd.clone(), c.clone()))
-        .await
-        .unwrap();
+    run_and_start(&env, &pd, &c).await;
     env.nri
         .notify_container_exit(|| (pd.clone(), c.clone()))
         .await;
@@ -388,15 +393,7 @@ async fn a_stop_told_by_another_call_is_waited_for() {
     };
     let p = plugin(&env, "test", "10", behaviour).await;
     let (pd, c) = (pod("p1"), ctr("c1", "p1"));
-    env.nri.run_pod_sandbox(|| pd.clone()).await.unwrap();
-    env.nri
-        .create_container(|| (pd.clone(), c.clone()))
-        .await
-        .unwrap();
-    env.nri
-        .start_container(|| (pd.clone(), c.clone()))
-        .await
-        .unwrap();
+    run_and_start(&env, &pd, &c).await;
     let exit = {
         let (nri, pd, c) = (env.nri.clone(), pd.clone(), c.clone());
         tokio::spawn(async move { nri.notify_container_exit(|| (pd, c)).await })
