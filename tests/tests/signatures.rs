@@ -76,6 +76,15 @@ impl Setup {
         (format!("{}/{repo}:v1", self.host()), img.manifest_digest())
     }
 
+    /// [`Setup::image`], signed with `key` as cosign signs it, for the
+    /// name `<registry>/<signed_as>`.
+    async fn signed_image(&self, repo: &str, key: &CosignKey, signed_as: &str) -> (String, String) {
+        let (reference, digest) = self.image(repo).await;
+        let identity = format!("{}/{signed_as}", self.host());
+        self.push.cosign_sign(repo, &digest, key, &identity).await;
+        (reference, digest)
+    }
+
     /// A daemon with these policy keys (and a metrics endpoint).
     async fn daemon(&self, policy: bool, dir: bool) -> Node {
         let metrics = format!("127.0.0.1:{}", free_port());
@@ -199,25 +208,11 @@ async fn sigstore_signed_images_pull_and_bad_signatures_are_refused() {
             }},
         }),
     );
-    let (good, good_digest) = s.image("signed/good").await;
-    s.push
-        .cosign_sign(
-            "signed/good",
-            &good_digest,
-            &s.key,
-            &format!("{host}/signed/good"),
-        )
-        .await;
+    let (good, good_digest) = s.signed_image("signed/good", &s.key, "signed/good").await;
     let (unsigned, _) = s.image("signed/unsigned").await;
-    let (other_key, digest) = s.image("signed/otherkey").await;
     let stranger = CosignKey::generate();
-    s.push
-        .cosign_sign(
-            "signed/otherkey",
-            &digest,
-            &stranger,
-            &format!("{host}/signed/otherkey"),
-        )
+    let (other_key, _) = s
+        .signed_image("signed/otherkey", &stranger, "signed/otherkey")
         .await;
     // A valid signature, by the right key, of another image's manifest,
     // put where this image's signatures go.
@@ -227,14 +222,8 @@ async fn sigstore_signed_images_pull_and_bad_signatures_are_refused() {
     s.push
         .push_signatures("signed/otherdigest", &digest, &[misplaced])
         .await;
-    let (renamed, digest) = s.image("signed/renamed").await;
-    s.push
-        .cosign_sign(
-            "signed/renamed",
-            &digest,
-            &s.key,
-            &format!("{host}/signed/elsewhere"),
-        )
+    let (renamed, _) = s
+        .signed_image("signed/renamed", &s.key, "signed/elsewhere")
         .await;
     let (outside, _) = s.image("outside/app").await;
 
@@ -284,19 +273,8 @@ async fn sigstore_signed_images_pull_and_bad_signatures_are_refused() {
 async fn signed_identity_rules_apply() {
     let s = Setup::new();
     let host = s.host().to_string();
-    let (tagged, digest) = s.image("ids/app").await;
-    s.push
-        .cosign_sign("ids/app", &digest, &s.key, &format!("{host}/ids/app"))
-        .await;
-    let (pinned, pinned_digest) = s.image("ids/pinned").await;
-    s.push
-        .cosign_sign(
-            "ids/pinned",
-            &pinned_digest,
-            &s.key,
-            &format!("{host}/ids/pinned:v1"),
-        )
-        .await;
+    let (tagged, digest) = s.signed_image("ids/app", &s.key, "ids/app").await;
+    let (pinned, _) = s.signed_image("ids/pinned", &s.key, "ids/pinned:v1").await;
     s.write_policy(
         &s.policy_path(),
         &json!({
@@ -393,15 +371,7 @@ async fn reject_accept_anything_and_unsupported_types() {
 async fn a_strict_namespace_beside_a_permissive_one() {
     let s = Setup::new();
     let host = s.host().to_string();
-    let (signed, digest) = s.image("team/signed").await;
-    s.push
-        .cosign_sign(
-            "team/signed",
-            &digest,
-            &s.key,
-            &format!("{host}/team/signed"),
-        )
-        .await;
+    let (signed, _) = s.signed_image("team/signed", &s.key, "team/signed").await;
     let (unsigned, _) = s.image("team/unsigned").await;
     s.write_policy(
         &s.ns_dir().join("strict.json"),
