@@ -56,7 +56,7 @@ VM_SUITES ?= crust-cgroups:host crust-tests:cgroups crust-tests:foundation crust
 	crust-tests:checkpoint@cgroupfs
 TEST_LOG_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-metrics bench-tracing deps-run deps-test deps-vm deps-bench fmt lint docs critest clean
+.PHONY: install install-files run build release test test-host test-vm vm-shell bench bench-vs-containerd bench-ab bench-metrics bench-tracing deps-run deps-test deps-vm deps-bench fmt lint docs critest clean
 
 run: deps-run release
 	./target/release/crust daemon --install-default-conflist $(RUN_ARGS)
@@ -105,6 +105,10 @@ bench: deps-bench
 bench-vs-containerd: deps-bench
 	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
 	BENCH_ARGS='$(BENCH_ARGS)' hack/bench-vs-containerd.sh
+
+bench-ab: deps-bench
+	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench
+	BASE_BIN='$(BASE_BIN)' BENCH_ARGS='$(BENCH_ARGS)' hack/bench-ab.sh
 
 bench-metrics: deps-bench
 	$(CARGO) build --release -p crust-runtime -p crust-shim -p crust-bench

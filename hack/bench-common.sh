@@ -1,4 +1,4 @@
-# Shared by hack/bench.sh, hack/bench-vs-containerd.sh and hack/bench-metrics.sh (sourced, not run).
+# Shared by hack/bench.sh, bench-vs-containerd.sh, bench-ab.sh and bench-metrics.sh (sourced, not run).
 #
 # Everything lives under $work (a fresh temp dir); what is started is
 # recorded by PID and stopped by PID; network state is named after this run.
@@ -140,20 +140,29 @@ EOF
 # as a pre-installed plugin subscribed to every event and adding an env
 # variable to each container, to measure what NRI adds to the life cycle.
 start_crust() {
-	mkdir -p "$work/nri/plugins" "$work/nri/conf.d"
-	cat >"$work/crust.toml" <<-EOF
+	start_crust_from "$BIN" "$work" "$@"
+	daemon_pid=$crust_pid
+}
+
+# start_crust_from BIN_DIR DIR [flags]: a crust daemon built in BIN_DIR, on
+# DIR/crust.sock with its state under DIR; its PID in $crust_pid.
+start_crust_from() {
+	local bin=$1 dir=$2
+	shift 2
+	mkdir -p "$dir/nri/plugins" "$dir/nri/conf.d"
+	cat >"$dir/crust.toml" <<-EOF
 		[nri]
-		socket_path = "$work/nri/nri.sock"
-		plugin_path = "$work/nri/plugins"
-		plugin_config_path = "$work/nri/conf.d"
+		socket_path = "$dir/nri/nri.sock"
+		plugin_path = "$dir/nri/plugins"
+		plugin_config_path = "$dir/nri/conf.d"
 	EOF
 	if [[ ${BENCH_NRI_PLUGIN:-0} == 1 ]]; then
-		cp "$BIN/nri-test-plugin" "$work/nri/plugins/10-bench"
-		echo '{"adjust_env": {"BENCH_NRI": "1"}}' >"$work/nri/conf.d/10-bench.conf"
+		cp "$bin/nri-test-plugin" "$dir/nri/plugins/10-bench"
+		echo '{"adjust_env": {"BENCH_NRI": "1"}}' >"$dir/nri/conf.d/10-bench.conf"
 	fi
-	"$BIN/crust" daemon --config "$work/crust.toml" --socket "$work/crust.sock" \
-		--root "$work/root" --run-dir "$work/run" --cni-conf-dir "$work/cni" \
-		--log-level warn "$@" >/dev/null 2>"$work/daemon.log" &
-	daemon_pid=$!
-	wait_for "crust daemon" "[[ -S $work/crust.sock ]]"
+	"$bin/crust" daemon --config "$dir/crust.toml" --socket "$dir/crust.sock" \
+		--root "$dir/root" --run-dir "$dir/run" --cni-conf-dir "$work/cni" \
+		--log-level warn "$@" >/dev/null 2>"$dir/daemon.log" &
+	crust_pid=$!
+	wait_for "crust daemon ($bin)" "[[ -S $dir/crust.sock ]]"
 }
