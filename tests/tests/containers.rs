@@ -1460,3 +1460,43 @@ async fn the_node_e2e_test_handler_runs_pods_with_runc() {
     assert!(state.exists(), "{} is missing", state.display());
     drop(e.net);
 }
+
+/// An image with nothing but its binaries (no /tmp, /etc, /dev, /proc,
+/// /sys: images built FROM scratch look like this) and a WORKDIR it lacks
+/// runs on every handler: the runtime makes the working dir, as runc and
+/// CRI-O do (the embedded handler failed with "failed to unix syscall").
+async fn a_bare_image_runs(handler: &str) {
+    if handler == "runc" {
+        require!(Need::Runc);
+    }
+    let mut env = env().await;
+    let bare = one_layer_image(
+        &busybox_with(&["sh", "sleep", "ls"]).finish(),
+        &["sleep", "1000"],
+    );
+    Pusher::new(&env.reg).image("test/bare", "v1", &bare).await;
+    let image = format!("{}/test/bare:v1", env.reg.host);
+    pull_image(&mut env.d.image_v1().await, &image).await;
+    let pod = env.pod("bare", handler).await;
+    let id = env.run(&pod, container_config("bare", &image)).await;
+    // The image's WORKDIR (/tmp) was made for it, and it is the cwd.
+    let (code, out) = env.sh(&id, "pwd; ls -d /tmp /etc /dev /proc /sys").await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("/tmp\n"), "{out}");
+    // A working dir under a file of the image is the client's mistake.
+    let mut under_file = container_config("under-file", &image);
+    under_file.working_dir = "/bin/sh/sub".into();
+    let err = env.create(&pod, under_file).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("config.working_dir"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bare_image_runs_embedded() {
+    a_bare_image_runs("embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bare_image_runs_runc() {
+    a_bare_image_runs("runc").await;
+}

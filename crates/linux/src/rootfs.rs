@@ -163,6 +163,50 @@ pub fn replace_symlink_with_file(root: &Path, rel: &str, mode: u32) -> Result<bo
     Ok(true)
 }
 
+/// Makes the directory `path` (absolute, as [`resolve_path`] answers it:
+/// no symlink on its existing part) and its missing parents in the rootfs
+/// at `root`, each with `mode`, as runc and CRI-O make a working dir the
+/// image lacks. Every component is opened beneath the one before with
+/// O_NOFOLLOW: a symlink or a non-directory on the way is ENOTDIR (or
+/// ELOOP), never followed. True if something was made.
+pub fn make_dirs(root: &Path, path: &str, mode: u32) -> Result<bool, Error> {
+    let rel = path.trim_start_matches('/');
+    let parts =
+        components(rel).ok_or_else(|| Error::invalid("path in rootfs", "'.' or '..' component"))?;
+    let err = io("make dir in rootfs", root, rel);
+    let mut dir = open_root(root)?;
+    let mut made = false;
+    for part in parts {
+        let open = |dir: &OwnedFd| {
+            nix::fcntl::openat(
+                Some(dir.as_raw_fd()),
+                part,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map(own)
+        };
+        dir = match open(&dir) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => {
+                match nix::sys::stat::mkdirat(
+                    Some(dir.as_raw_fd()),
+                    part,
+                    Mode::from_bits_truncate(mode),
+                ) {
+                    Ok(()) => made = true,
+                    // Made meanwhile by someone else: open what is there.
+                    Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(err(e)),
+                }
+                open(&dir).map_err(&err)?
+            }
+            Err(e) => return Err(err(e)),
+        };
+    }
+    Ok(made)
+}
+
 /// Most symlinks followed in one [`resolve_path`] (the kernel's own
 /// bound, MAXSYMLINKS).
 const MAX_LINKS: usize = 40;
@@ -261,6 +305,33 @@ pub fn resolve_path(root: &Path, path: &str) -> Result<String, Error> {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn makes_missing_dirs_inside_the_root_and_follows_no_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(root.join("usr")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        symlink(&outside, root.join("link")).unwrap();
+        std::fs::write(root.join("file"), b"").unwrap();
+
+        assert!(make_dirs(&root, "/usr/src/app", 0o755).unwrap());
+        let made = std::fs::metadata(root.join("usr/src/app")).unwrap();
+        assert!(made.is_dir());
+        // 0755 less the process's umask.
+        assert_eq!(made.permissions().mode() & 0o700, 0o700);
+        // Already there: nothing made.
+        assert!(!make_dirs(&root, "/usr/src/app", 0o755).unwrap());
+        assert!(!make_dirs(&root, "/", 0o755).unwrap());
+        // A link or a file on the way is an error, and nothing appears
+        // where the link points.
+        assert!(make_dirs(&root, "/link/x", 0o755).is_err());
+        assert!(!outside.join("x").exists());
+        assert!(make_dirs(&root, "/file/x", 0o755).is_err());
+        assert!(make_dirs(&root, "/usr/../x", 0o755).is_err());
+    }
 
     #[test]
     fn finds_the_first_symlink_without_following_it() {

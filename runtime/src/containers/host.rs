@@ -74,6 +74,16 @@ pub trait ContainerHost: Send + Sync + 'static {
         path: &str,
         field: &str,
     ) -> Result<String, ContainerError>;
+    /// Makes the working dir `real` ([`Self::resolve_in_rootfs`]'s answer)
+    /// in the rootfs when the image lacks it (0755, as runc and CRI-O do);
+    /// a non-directory on the way is FailedPrecondition naming `field`.
+    /// Blocking.
+    fn make_working_dir(
+        &self,
+        rootfs: &Path,
+        real: &str,
+        field: &str,
+    ) -> Result<(), ContainerError>;
     /// The node look-ups of spec generation (host paths, devices,
     /// seccomp profiles).
     fn spec_host(&self) -> &dyn crust_oci::Host;
@@ -309,6 +319,34 @@ impl ContainerHost for RealContainerHost {
             }
             _ => ContainerError::internal(e),
         })
+    }
+
+    fn make_working_dir(
+        &self,
+        rootfs: &Path,
+        real: &str,
+        field: &str,
+    ) -> Result<(), ContainerError> {
+        match crust_linux::rootfs::make_dirs(rootfs, real, 0o755) {
+            Ok(made) => {
+                if made {
+                    debug!(rootfs = %rootfs.display(), dir = real, "made the working dir the image lacks");
+                }
+                Ok(())
+            }
+            Err(crust_linux::Error::Io { source, .. })
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOTDIR | libc::ELOOP | libc::EEXIST)
+                ) =>
+            {
+                Err(ContainerError::FailedPrecondition(format!(
+                    "{field}: {} is not a directory in the image",
+                    crust_quote::quote(real)
+                )))
+            }
+            Err(e) => Err(ContainerError::internal(e)),
+        }
     }
 
     fn spec_host(&self) -> &dyn crust_oci::Host {

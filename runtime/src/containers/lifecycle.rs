@@ -247,6 +247,9 @@ impl Containers {
                             quote(&real)
                         )));
                     }
+                    // As runc and CRI-O: an image may lack its WORKDIR
+                    // (libcontainer's chdir would fail opaquely).
+                    host.make_working_dir(&r.rootfs, &real, field)?;
                 }
                 // Image volumes become read-only bind mounts of the image's
                 // own read-only mount (at the sub path resolved inside it);

@@ -202,6 +202,15 @@ impl ContainerHost for FakeContainerHost {
         Ok(path.to_string())
     }
 
+    fn make_working_dir(
+        &self,
+        _rootfs: &Path,
+        _real: &str,
+        _field: &str,
+    ) -> Result<(), ContainerError> {
+        Ok(())
+    }
+
     fn read_rootfs_file(
         &self,
         _rootfs: &Path,
