@@ -37,7 +37,7 @@ image=$("$BIN/crust-bench" push-test-image --registry "127.0.0.1:$port")
 # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
 "$BIN/crust-bench" --endpoint "unix://$work/crust.sock" --label this --daemon-pid "$daemon_pid" \
 	--vs "unix://$work/base/crust.sock" --vs-label base --vs-daemon-pid "$base_pid" \
-	--image "$image" --registry "127.0.0.1:$port" --cgroup-parent "$cgroup_parent" \
+	--image "$image" --registry "127.0.0.1:$port" --cgroup-parent "$cgroup_parent" --signature-policy-dir "$work/policies" \
 	--json "$work/bench.json" ${BENCH_ARGS:-} "$@"
 cp "$work/bench.json" target/bench-ab.json
 echo "JSON report: target/bench-ab.json"

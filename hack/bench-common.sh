@@ -150,7 +150,12 @@ start_crust_from() {
 	local bin=$1 dir=$2
 	shift 2
 	mkdir -p "$dir/nri/plugins" "$dir/nri/conf.d"
+	# signature_policy_dir: the image-pull-signed scenario writes its
+	# namespace's policy there; other pulls are not checked.
 	cat >"$dir/crust.toml" <<-EOF
+		[image]
+		signature_policy_dir = "$dir/policies"
+
 		[nri]
 		socket_path = "$dir/nri/nri.sock"
 		plugin_path = "$dir/nri/plugins"

@@ -190,6 +190,6 @@ start_crust
 "$BIN/crust-bench" --endpoint "unix://$work/crust.sock" --label crust --daemon-pid "$daemon_pid" \
 	--vs "unix://$ctd_sock" --vs-label containerd --vs-daemon-pid "$ctd_pid" \
 	--image "$image" --prepull "$pause_image" --registry "$registry" \
-	--cgroup-parent "$cgroup_parent" --json "$work/bench.json" ${BENCH_ARGS:-} "$@"
+	--cgroup-parent "$cgroup_parent" --signature-policy-dir "$work/policies" --json "$work/bench.json" ${BENCH_ARGS:-} "$@"
 cp "$work/bench.json" target/bench-vs-containerd.json
 echo "JSON report: target/bench-vs-containerd.json"

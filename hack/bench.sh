@@ -26,7 +26,7 @@ image=$("$BIN/crust-bench" push-test-image --registry "127.0.0.1:$port")
 
 # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
 "$BIN/crust-bench" --endpoint "unix://$work/crust.sock" --label crust --daemon-pid "$daemon_pid" \
-	--image "$image" --registry "127.0.0.1:$port" --cgroup-parent "$cgroup_parent" \
+	--image "$image" --registry "127.0.0.1:$port" --cgroup-parent "$cgroup_parent" --signature-policy-dir "$work/policies" \
 	--json "$work/bench.json" ${BENCH_ARGS:-} "$@"
 cp "$work/bench.json" target/bench.json
 echo "JSON report: target/bench.json"

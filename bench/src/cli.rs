@@ -100,6 +100,17 @@ pub struct Args {
     /// Size of the pull scenario's image in MiB (split in 5 layers).
     #[arg(long, default_value_t = 100)]
     pub pull_mib: usize,
+    /// The daemon's `[image] signature_policy_dir` (the --endpoint's, not
+    /// --vs's): the image-pull-signed scenario writes its namespace's
+    /// policy there (the daemon reads policies at every pull).
+    #[arg(long)]
+    pub signature_policy_dir: Option<std::path::PathBuf>,
+    /// Pulls of each kind in the image-pull-signed scenario.
+    #[arg(long, default_value_t = 10)]
+    pub signed_pulls: usize,
+    /// Size of the image-pull-signed scenario's images in MiB (5 layers).
+    #[arg(long, default_value_t = 10)]
+    pub signed_pull_mib: usize,
     /// Pods (one container each) of the density scenario.
     #[arg(long, default_value_t = 100)]
     pub density_pods: usize,
@@ -178,6 +189,12 @@ pub enum Scenario {
     Footprint,
     /// PullImage of a generated image, cold and with its layers present
     ImagePull,
+    /// What checking a cosign signature adds to a pull: cold pulls of
+    /// signed 5-layer images in a namespace whose policy (sigstoreSigned,
+    /// a key of the run's own) checks them, alternating with the same
+    /// pulls in a namespace without a policy (--endpoint only; needs
+    /// --signature-policy-dir)
+    ImagePullSigned,
     /// --density-pods pods with a container each, --density-parallel at a time
     Density,
     /// ListPodSandboxMetrics, ListContainerStats and ListPodSandboxStats

@@ -96,6 +96,50 @@ impl Client {
     }
 
     /// PullImage; the image ref the endpoint resolved.
+    /// PullImage for a pod of `namespace` (signature policies are chosen
+    /// by the pod's namespace).
+    pub async fn pull_for_namespace(
+        &mut self,
+        image: &str,
+        namespace: &str,
+    ) -> anyhow::Result<String> {
+        Ok(self
+            .img
+            .pull_image(v1::PullImageRequest {
+                image: Some(v1::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
+                sandbox_config: Some(v1::PodSandboxConfig {
+                    metadata: Some(v1::PodSandboxMetadata {
+                        name: "pull".into(),
+                        namespace: namespace.into(),
+                        uid: "pull".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("PullImage {image} (namespace {namespace})"))?
+            .into_inner()
+            .image_ref)
+    }
+
+    pub async fn remove_image(&mut self, image: &str) -> anyhow::Result<()> {
+        self.img
+            .remove_image(v1::RemoveImageRequest {
+                image: Some(v1::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .with_context(|| format!("RemoveImage {image}"))?;
+        Ok(())
+    }
+
     pub async fn pull(&mut self, image: &str) -> anyhow::Result<String> {
         Ok(self
             .img

@@ -5,7 +5,6 @@
 //! `sha256-<hex>.sig`, simple-signing payloads), pulled through CRI.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use crust_test_support::crust_api::v1;
 use crust_test_support::registry::*;
@@ -454,68 +453,4 @@ async fn the_policy_key_is_reloadable() {
         .await;
     reload(&n, &metrics);
     n.pull(&unsigned).await.unwrap();
-}
-
-/// The pull overhead of verification: a 5-layer image pulled 10 times
-/// by a daemon with a sigstoreSigned policy and 10 times by one without,
-/// alternately (so that load from elsewhere hits both alike), removed
-/// after each pull so that every pull downloads and unpacks it; p50 of
-/// each, and of the paired differences. Run by hand: `cargo test -p
-/// crust-tests --test signatures -- --ignored --nocapture
-/// verification_overhead`.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a measurement, run by hand"]
-async fn verification_overhead_of_a_five_layer_image() {
-    let s = Setup::new();
-    let host = s.host().to_string();
-    let img = noise_image(5);
-    s.push.image("bench/app", "v1", &img).await;
-    let digest = img.manifest_digest();
-    s.push
-        .cosign_sign("bench/app", &digest, &s.key, &format!("{host}/bench/app"))
-        .await;
-    s.write_policy(
-        &s.policy_path(),
-        &json!({"default": [s.signed_by_key(json!({"type": "matchRepository"}))]}),
-    );
-    let reference = format!("{host}/bench/app:v1");
-    let mut nodes = [s.daemon(false, false).await, s.daemon(true, false).await];
-    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    let mut diffs = Vec::new();
-    for round in 0..10 {
-        let mut took = [Duration::ZERO; 2];
-        // Alternate which goes first, too.
-        for i in [round % 2, 1 - round % 2] {
-            let n = &mut nodes[i];
-            let t = Instant::now();
-            n.pull(&reference).await.unwrap();
-            took[i] = t.elapsed();
-            n.ic.remove_image(v1::RemoveImageRequest {
-                image: Some(v1::ImageSpec {
-                    image: reference.clone(),
-                    ..v1::ImageSpec::default()
-                }),
-            })
-            .await
-            .unwrap();
-        }
-        times[0].push(took[0]);
-        times[1].push(took[1]);
-        diffs.push(took[1].as_secs_f64() - took[0].as_secs_f64());
-    }
-    assert_eq!(nodes[1].signature_checks("verified").await, 10);
-    let p50 = |v: &mut Vec<Duration>| {
-        v.sort();
-        (v[4] + v[5]) / 2
-    };
-    diffs.sort_by(f64::total_cmp);
-    let (off, on) = (p50(&mut times[0]), p50(&mut times[1]));
-    println!("verification off: {:?}", times[0]);
-    println!("verification on:  {:?}", times[1]);
-    println!(
-        "p50 of 10 pulls of a 5-layer image ({} KiB): off {off:?}, on {on:?}; \
-         p50 of the paired differences {:.1} ms",
-        img.size() / 1024,
-        (diffs[4] + diffs[5]) / 2.0 * 1000.0
-    );
 }

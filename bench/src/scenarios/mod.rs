@@ -68,6 +68,13 @@ async fn run_scenarios(
 
     lifecycle::fast_rpcs(report, targets, args, &scenarios).await?;
     lifecycle::pods(report, targets, args, &scenarios).await?;
+    // The pull scenarios push images of their own (they need no --image).
+    if has(Scenario::ImagePull) {
+        images::image_pull(report, targets, args).await?;
+    }
+    if has(Scenario::ImagePullSigned) {
+        images::signed_pull(report, targets, args).await?;
+    }
     if image.is_none() {
         return Ok(());
     }
@@ -83,9 +90,7 @@ async fn run_scenarios(
     if has(Scenario::Footprint) {
         footprint::monitors(report, targets, args).await?;
     }
-    if has(Scenario::ImagePull) {
-        images::image_pull(report, targets, args).await?;
-    }
+
     if has(Scenario::Density) {
         density::density(report, targets, args).await?;
     }
