@@ -59,6 +59,9 @@ pub struct FakePodHost {
     controllers: Mutex<Option<Controllers>>,
     /// Every CNI DEL: pod ID and whether it may follow one cut short.
     del_attempts: Mutex<Vec<(String, DelAttempt)>>,
+    /// `create_cgroup` waits for a CNI ADD to have begun (and fails if
+    /// none does): RunPodSandbox must not wait for one before the other.
+    cgroup_awaits_add: std::sync::atomic::AtomicBool,
 }
 
 impl FakePodHost {
@@ -80,12 +83,20 @@ impl FakePodHost {
             kubelet_cgroups: Mutex::default(),
             controllers: Mutex::default(),
             del_attempts: Mutex::default(),
+            cgroup_awaits_add: Default::default(),
         }
     }
 
     /// Every CNI DEL so far: pod ID and attempt.
     pub fn del_attempts(&self) -> Vec<(String, DelAttempt)> {
         self.del_attempts.lock().unwrap().clone()
+    }
+
+    /// From now on `create_cgroup` returns only once a CNI ADD has begun,
+    /// or fails after 10 s without one.
+    pub fn cgroup_awaits_add(&self) {
+        self.cgroup_awaits_add
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// kubelet made a cgroup (a pod slice) before the pod runs.
@@ -203,6 +214,23 @@ impl PodHost for FakePodHost {
     /// Models what crust makes: a slice kubelet made is not crust's.
     fn create_cgroup(&self, path: &Path, slice: Option<&PodSlice>) -> Result<(), PodError> {
         self.journal.push(Effect::CreateCgroup(path.into()));
+        if self
+            .cgroup_awaits_add
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // A bound against a deadlock, not a timing: a run that adds
+            // only after this returns never gets here with an ADD begun.
+            let begun = || self.journal.count(|e| matches!(e, Effect::CniAdd(_))) > 0;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !begun() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            if !begun() {
+                return Err(PodError::Internal(
+                    "no CNI ADD began while the pod cgroup was made".into(),
+                ));
+            }
+        }
         self.check(Op::CreateCgroup)?;
         if slice.is_none_or(|s| s.owned) {
             self.state().cgroups.insert(path.into());

@@ -52,7 +52,8 @@ impl Pods {
         };
         let spec = Arc::new(spec);
 
-        // 1. The record, then the local effects and the pause process.
+        // 1. The record, then the dirs and the namespaces: CNI ADD needs
+        // the pinned netns, nothing else of the pod.
         let res = {
             let (store, host, rec, spec) = (
                 self.store.clone(),
@@ -65,22 +66,10 @@ impl Pods {
                     .put(&rec)
                     .map_err(|e| PodError::from(e).context("writing the pod record"))?;
                 crash::point("pod.run.record");
-                create_local(&*host, &rec, &spec)
+                create_namespaces(&*host, &rec, &spec)
             })
             .instrument(step!("pod.setup"))
             .await
-        };
-        let res = match res {
-            Ok(()) if pause::shares_pid(&rec) => {
-                let started = self
-                    .host
-                    .start_pause(&rec, &self.oci_facts(&rec))
-                    .instrument(step!("pause.start"))
-                    .await;
-                crash::point("pod.run.pause");
-                started
-            }
-            res => res,
         };
         let mut rec = rec;
         if let Err(e) = res {
@@ -91,31 +80,66 @@ impl Pods {
             return Err(self.rollback(rec, e).await);
         }
 
-        // 2. CNI ADD.
-        if let Some(net) = rec.network.as_mut() {
+        // 2. CNI ADD alongside the rest of the set-up (cgroup, /dev/shm,
+        // the /etc files, the pause process): the plugins take most of a
+        // pod's start and need none of it. Both halves always run to
+        // their end, so a failure of one is undone with all the other made.
+        let local = async {
+            let (host, r, spec) = (self.host.clone(), rec.clone(), spec.clone());
+            blocking(move || create_local(&*host, &r, &spec))
+                .instrument(step!("pod.setup.local"))
+                .await?;
+            if pause::shares_pid(&rec) {
+                let started = self
+                    .host
+                    .start_pause(&rec, &self.oci_facts(&rec))
+                    .instrument(step!("pause.start"))
+                    .await;
+                crash::point("pod.run.pause");
+                started?;
+            }
+            Ok::<(), PodError>(())
+        };
+        let add = async {
+            let net = rec.network.as_ref()?;
             let added = self
                 .host
                 .cni_add(&net.config, &net.attachment)
                 .instrument(step!("cni.add", network = %net.config.name))
                 .await;
             crash::point("pod.run.cni_added");
-            match added {
+            Some(added)
+        };
+        let (local, added) = tokio::join!(local, add);
+        let mut failed = local.err();
+        if let (Some(added), Some(net)) = (added, rec.network.as_mut()) {
+            let add_failed = match added {
                 Ok(added) => {
                     net.result = Some(added.raw);
                     net.ips = added.ips.iter().map(ToString::to_string).collect();
-                    if added.ips.is_empty() {
-                        let e = PodError::Internal(format!(
+                    added.ips.is_empty().then(|| {
+                        PodError::Internal(format!(
                             "CNI network {:?} gave the pod no IP address on {}",
                             net.config.name, net.attachment.ifname
-                        ));
-                        return Err(self.rollback(rec, e).await);
-                    }
+                        ))
+                    })
                 }
                 Err(failed) => {
                     net.attached = failed.del_owed;
-                    return Err(self.rollback(rec, failed.error).await);
+                    Some(failed.error)
+                }
+            };
+            if let Some(e) = add_failed {
+                match &failed {
+                    // The set-up's own error is the cause reported; the
+                    // ADD's is logged (both are undone alike).
+                    Some(_) => warn!(id = %rec.id, "CNI ADD failed too: {e}"),
+                    None => failed = Some(e),
                 }
             }
+        }
+        if let Some(e) = failed {
+            return Err(self.rollback(rec, e).await);
         }
 
         // 3. Sysctls and /etc/hosts, then the record says ready.
@@ -488,10 +512,9 @@ impl Pods {
     }
 }
 
-/// The host-side effects before CNI: dirs, namespaces (with the
-/// hostname), cgroup, /dev/shm, hostname and resolv.conf (and hosts for a
-/// host-network pod). Blocking.
-fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(), PodError> {
+/// The host-side effects before CNI ADD: dirs and namespaces (with the
+/// hostname). Blocking.
+fn create_namespaces(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(), PodError> {
     // Not recursive: the ID is new, so an existing dir is an error.
     host.create_dir(&rec.run_dir)?;
     host.create_dir(&rec.state_dir)?;
@@ -511,6 +534,13 @@ fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(
         host.pin_namespaces(&rec.ns_dir, &opts)?;
         crash::point("pod.run.pinned");
     }
+    Ok(())
+}
+
+/// The host-side effects CNI ADD does not need, run alongside it: cgroup,
+/// /dev/shm, hostname and resolv.conf (and hosts for a host-network pod).
+/// Blocking.
+fn create_local(host: &dyn PodHost, rec: &PodRecord, spec: &PodSpec) -> Result<(), PodError> {
     host.create_cgroup(&rec.cgroup_path, rec.slice.as_ref())?;
     crash::point("pod.run.cgroup");
     if let Some(shm) = &rec.shm {

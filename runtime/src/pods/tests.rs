@@ -96,12 +96,49 @@ async fn a_failed_run_undoes_everything_and_frees_the_name() {
         );
         assert!(rig.stored::<PodRecord>().is_empty(), "{op:?}");
         assert!(rig.pods.list(&ListFilter::default()).is_empty(), "{op:?}");
-        // A DEL is owed only once ADD succeeded (a failed ADD undoes itself).
+        // A DEL is owed only once ADD succeeded (a failed ADD undoes
+        // itself); ADD runs alongside the cgroup, files and pause steps,
+        // so it has succeeded when one of those fails.
         let dels = rig.journal.count(is_cni_del);
-        assert_eq!(dels, usize::from(op == Op::CniAddNoIp), "{op:?}");
+        let add_succeeded = !matches!(op, Op::PinNamespaces | Op::CniAdd);
+        assert_eq!(dels, usize::from(add_succeeded), "{op:?}");
         rig.pod_host.heal(op);
         rig.lifecycle.run_pod(spec).await.unwrap();
     }
+}
+
+/// CNI ADD needs only the pinned netns: it runs while the cgroup, the
+/// files and the pause process are made, not after them.
+#[tokio::test]
+async fn cni_add_runs_alongside_the_rest_of_the_set_up() {
+    let rig = Rig::new().await;
+    rig.pod_host.cgroup_awaits_add();
+    let id = rig.run_pod("web").await.unwrap();
+    assert_eq!(rig.pods.get(&id).unwrap().state, PodState::Ready);
+    let j = &rig.journal;
+    let pinned = j
+        .position(|e| matches!(e, Effect::PinNamespaces(_)))
+        .unwrap();
+    let added = j.position(|e| matches!(e, Effect::CniAdd(_))).unwrap();
+    assert!(pinned < added, "CNI ADD needs the pinned netns");
+}
+
+/// Both halves failing: everything is undone, and the set-up's error is
+/// the one reported.
+#[tokio::test]
+async fn both_halves_of_a_run_failing_undo_everything() {
+    let rig = Rig::new().await;
+    rig.pod_host.fail(Op::CreateCgroup);
+    rig.pod_host.fail(Op::CniAdd);
+    let err = rig.run_pod("web").await.unwrap_err().to_string();
+    assert!(err.contains("CreateCgroup"), "{err}");
+    assert!(rig.pod_host.node().is_empty(), "{:?}", rig.pod_host.node());
+    assert!(rig.stored::<PodRecord>().is_empty());
+    assert_eq!(
+        rig.journal.count(is_cni_del),
+        0,
+        "a failed ADD undid itself"
+    );
 }
 
 #[tokio::test]
