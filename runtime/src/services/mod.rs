@@ -12,6 +12,7 @@ mod container;
 mod events;
 mod image;
 mod metrics;
+mod net_ready;
 mod operator;
 mod pod;
 mod runtime;
@@ -36,11 +37,17 @@ pub use check::response as check_response;
 #[derive(Clone)]
 pub struct Cri {
     daemon: Arc<Daemon>,
+    /// Status's NetworkReady verdict, kept while the CNI config dir is
+    /// unchanged.
+    net_ready: Arc<net_ready::NetworkReadiness>,
 }
 
 impl Cri {
     pub fn new(daemon: Arc<Daemon>) -> Cri {
-        Cri { daemon }
+        Cri {
+            daemon,
+            net_ready: Arc::default(),
+        }
     }
 }
 
