@@ -9,6 +9,7 @@ pub(crate) mod bounds;
 mod check;
 mod checkpoint;
 mod container;
+mod container_list;
 mod events;
 mod image;
 mod metrics;
@@ -32,6 +33,7 @@ use crate::pods::PodError;
 
 pub use admin::{Admin, Operator};
 pub use check::response as check_response;
+pub use container_list::RuntimeServer;
 
 /// Implements both `RuntimeService` and `ImageService` of CRI v1.
 #[derive(Clone)]
@@ -40,6 +42,8 @@ pub struct Cri {
     /// Status's NetworkReady verdict, kept while the CNI config dir is
     /// unchanged.
     net_ready: Arc<net_ready::NetworkReadiness>,
+    /// ListContainers' encoded entries.
+    list_cache: Arc<container_list::ListCache>,
 }
 
 impl Cri {
@@ -47,6 +51,7 @@ impl Cri {
         Cri {
             daemon,
             net_ready: Arc::default(),
+            list_cache: Arc::default(),
         }
     }
 }
