@@ -1528,9 +1528,8 @@ async fn list_containers_follows_every_step() {
     assert_eq!(list[0].created_at, st.created_at);
 
     // Filters see the current state too.
-    let running = e
-        .rt
-        .list_containers(v1::ListContainersRequest {
+    let running =
+        e.rt.list_containers(v1::ListContainersRequest {
             filter: Some(v1::ContainerFilter {
                 state: Some(v1::ContainerStateValue {
                     state: v1::ContainerState::ContainerRunning as i32,

@@ -347,7 +347,10 @@ async fn release_with_commits_the_callers_change_with_the_leases() {
     let dirs = svc.lease("ctr-1", &ra).await.unwrap();
     svc.lease_volume("ctr-1/volume/0", &ra).await.unwrap();
     svc.lease("ctr-2", &ra).await.unwrap();
-    meta.put(&Note { key: "ctr-1".into() }).unwrap();
+    meta.put(&Note {
+        key: "ctr-1".into(),
+    })
+    .unwrap();
     svc.release_prefixed_with(&["ctr-1"], &["ctr-1/volume/"], |tx| {
         tx.delete::<Note>("ctr-1").map(drop)
     })

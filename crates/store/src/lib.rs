@@ -435,7 +435,12 @@ mod tests {
                 tx.delete::<Pod>("b").map(drop)
             })
             .unwrap();
-        let left: Vec<String> = store.list::<Pod>().unwrap().into_iter().map(|p| p.id).collect();
+        let left: Vec<String> = store
+            .list::<Pod>()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
         assert_eq!(left, vec!["ab", "abd"]);
     }
 

@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes};
-use crust_api::v1::runtime_service_server::RuntimeServiceServer;
 use crust_api::v1::ListContainersRequest;
 #[cfg(test)]
 use crust_api::v1::ListContainersResponse;
+use crust_api::v1::runtime_service_server::RuntimeServiceServer;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};

@@ -47,7 +47,10 @@ impl Stamp {
         let Ok(since_epoch) = now.duration_since(SystemTime::UNIX_EPOCH) else {
             return true;
         };
-        let at = Duration::new(latest.0.max(0) as u64, latest.1.clamp(0, 999_999_999) as u32);
+        let at = Duration::new(
+            latest.0.max(0) as u64,
+            latest.1.clamp(0, 999_999_999) as u32,
+        );
         since_epoch.saturating_sub(at) < RACY
     }
 }

@@ -455,15 +455,17 @@ impl Cri {
     /// (parsed again when it changed) so a config dropped in later, edited
     /// or removed is seen without a restart.
     fn network_condition(&self) -> RuntimeCondition {
-        let (status, reason, message) =
-            match self.net_ready.check(&self.daemon.config.network.cni_conf_dir) {
-                Ok(()) => (true, String::new(), String::new()),
-                Err(e) => (
-                    false,
-                    "NetworkPluginNotReady".to_string(),
-                    format!("Network plugin returns error: {e}"),
-                ),
-            };
+        let (status, reason, message) = match self
+            .net_ready
+            .check(&self.daemon.config.network.cni_conf_dir)
+        {
+            Ok(()) => (true, String::new(), String::new()),
+            Err(e) => (
+                false,
+                "NetworkPluginNotReady".to_string(),
+                format!("Network plugin returns error: {e}"),
+            ),
+        };
         RuntimeCondition {
             r#type: "NetworkReady".into(),
             status,
