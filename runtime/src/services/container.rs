@@ -130,6 +130,9 @@ pub(super) fn list_item(rec: &ContainerRecord, api: ApiVersion) -> Container {
     }
 }
 
+/// Container records as the index holds them.
+type Records = Vec<Arc<ContainerRecord>>;
+
 pub(super) fn labels_match(rec: &ContainerRecord, sel: &HashMap<String, String>) -> bool {
     sel.iter().all(|(k, v)| rec.labels.get(k) == Some(v))
 }
@@ -256,10 +259,7 @@ impl Cri {
 
     /// The containers a ListContainers filter selects (checked first), and
     /// every container.
-    fn listed(
-        &self,
-        filter: Option<ContainerFilter>,
-    ) -> Result<(Vec<Arc<ContainerRecord>>, Vec<Arc<ContainerRecord>>), Status> {
+    fn listed(&self, filter: Option<ContainerFilter>) -> Result<(Records, Records), Status> {
         let f = filter.unwrap_or_default();
         bounds::id("filter.id", &f.id)?;
         bounds::id("filter.pod_sandbox_id", &f.pod_sandbox_id)?;
