@@ -259,7 +259,10 @@ impl Cri {
 
     /// The containers a ListContainers filter selects (checked first), and
     /// every container.
-    fn listed(&self, filter: Option<ContainerFilter>) -> Result<(Records, Records), Status> {
+    pub(super) fn listed(
+        &self,
+        filter: Option<ContainerFilter>,
+    ) -> Result<(Records, Records), Status> {
         let f = filter.unwrap_or_default();
         bounds::id("filter.id", &f.id)?;
         bounds::id("filter.pod_sandbox_id", &f.pod_sandbox_id)?;
@@ -275,17 +278,6 @@ impl Cri {
             .cloned()
             .collect();
         Ok((matching, all))
-    }
-
-    /// ListContainers, answered with the kept encoded entries (see
-    /// `container_list`, which routes the call here).
-    pub(super) async fn list_containers_encoded(
-        &self,
-        req: Request<ListContainersRequest>,
-    ) -> Result<Response<super::container_list::EncodedList>, Status> {
-        let api = ApiVersion::of(&req);
-        let (matching, all) = self.listed(req.into_inner().filter)?;
-        Ok(Response::new(self.list_cache.encode(&matching, &all, api)))
     }
 
     /// The same list as messages (StreamContainers).

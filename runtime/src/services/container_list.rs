@@ -181,6 +181,18 @@ impl Encoder for ListEncoder {
     }
 }
 
+impl Cri {
+    /// ListContainers, answered with the kept encoded entries.
+    async fn list_containers_encoded(
+        &self,
+        req: Request<ListContainersRequest>,
+    ) -> Result<Response<EncodedList>, Status> {
+        let api = ApiVersion::of(&req);
+        let (matching, all) = self.listed(req.into_inner().filter)?;
+        Ok(Response::new(self.list_cache.encode(&matching, &all, api)))
+    }
+}
+
 struct ListSvc(Cri);
 
 impl UnaryService<ListContainersRequest> for ListSvc {
