@@ -48,6 +48,21 @@ pub trait ContainerImages: Send + Sync {
     /// no error).
     async fn release(&self, container_id: &str) -> Result<(), crust_image::Error>;
 
+    /// [`Self::release`], committed with `also`'s changes to `store` (the
+    /// daemon's one store) in one transaction where the images live in it
+    /// too: RemoveContainer drops the leases and the record with one
+    /// durable write.
+    async fn release_with(
+        &self,
+        container_id: &str,
+        store: &crust_store::Store,
+        also: StoreChange,
+    ) -> Result<(), crust_image::Error> {
+        self.release(container_id).await?;
+        store.write(also)?;
+        Ok(())
+    }
+
     /// The container IDs holding a lease.
     fn leaseholders(&self) -> Result<Vec<String>, crust_image::Error>;
 }
@@ -85,14 +100,16 @@ impl ContainerImages for ImageService {
     }
 
     async fn release(&self, container_id: &str) -> Result<(), crust_image::Error> {
-        let prefix = volume_holder(container_id, 0);
-        let prefix = prefix.trim_end_matches('0');
-        for (holder, _) in self.leases()? {
-            if holder.starts_with(prefix) {
-                ImageService::release(self, &holder).await?;
-            }
-        }
-        ImageService::release(self, container_id).await
+        release_with_own_store(self, container_id, Box::new(|_| Ok(()))).await
+    }
+
+    async fn release_with(
+        &self,
+        container_id: &str,
+        _store: &crust_store::Store,
+        also: StoreChange,
+    ) -> Result<(), crust_image::Error> {
+        release_with_own_store(self, container_id, also).await
     }
 
     fn leaseholders(&self) -> Result<Vec<String>, crust_image::Error> {
@@ -104,6 +121,26 @@ impl ContainerImages for ImageService {
         ids.dedup();
         Ok(ids)
     }
+}
+
+/// A change to the store, committed with another's
+/// ([`ContainerImages::release_with`]).
+pub type StoreChange =
+    Box<dyn FnOnce(&mut crust_store::Txn) -> crust_store::Result<()> + Send + 'static>;
+
+/// The image service's release: the container's lease and its volumes'
+/// (found by a range read of their keys, not by loading every lease) in
+/// one commit with `also`.
+async fn release_with_own_store(
+    images: &ImageService,
+    container_id: &str,
+    also: StoreChange,
+) -> Result<(), crust_image::Error> {
+    let prefix = volume_holder(container_id, 0);
+    let prefix = prefix.trim_end_matches('0');
+    images
+        .release_prefixed_with(&[container_id], &[prefix], also)
+        .await
 }
 
 /// The lease key of a container's image volume: `<container id>/volume/<n>`

@@ -12,7 +12,6 @@ use crust_api::admin::v1::daemon_server::DaemonServer;
 use crust_api::admin::v1::images_server::ImagesServer;
 use crust_api::admin::v1::orphans_server::OrphansServer;
 use crust_api::v1::image_service_server::ImageServiceServer;
-use crust_api::v1::runtime_service_server::RuntimeServiceServer;
 use sd_notify::NotifyState;
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
@@ -30,7 +29,7 @@ use crate::metrics::grpc::RpcMetricsLayer;
 use crate::metrics::health::Health;
 use crate::otel::CriTraceLayer;
 use crate::reload::Reloader;
-use crate::services::{Admin, Cri, Operator};
+use crate::services::{Admin, Cri, Operator, RuntimeServer};
 
 /// How long in-flight calls get to finish after SIGTERM before the daemon
 /// exits anyway (long-lived streams such as GetContainerEvents never finish).
@@ -103,7 +102,7 @@ pub async fn serve(
         .layer(CriTraceLayer::new(tracing_on))
         .layer(ApiVersionLayer)
         .layer(crate::idle::ActivityLayer)
-        .add_service(RuntimeServiceServer::new(cri.clone()))
+        .add_service(RuntimeServer::new(cri.clone()))
         .add_service(ImageServiceServer::new(cri))
         // crust's private admin API (`crust images`, `status`,
         // `log-level`), on the same socket.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crust_test_support::crust_api::v1;
+use crust_test_support::crust_api::{v1, v1alpha2};
 use crust_test_support::registry::*;
 use crust_test_support::tonic::Code;
 use crust_test_support::tonic::transport::Channel;
@@ -17,6 +17,7 @@ use crust_test_support::{
 };
 
 type Rt = v1::runtime_service_client::RuntimeServiceClient<Channel>;
+type OldRt = v1alpha2::runtime_service_client::RuntimeServiceClient<Channel>;
 
 /// busybox with the applets the tests use, a user and groups.
 fn test_image() -> TestImage {
@@ -1499,4 +1500,114 @@ async fn a_bare_image_runs_embedded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bare_image_runs_runc() {
     a_bare_image_runs("runc").await;
+}
+
+/// ListContainers answers from entries encoded once per version of a
+/// container's record: every step (create, start, stop, remove) must show
+/// in the very next list, for v1 and
+/// v1alpha2 clients alike, and each entry must say what ContainerStatus
+/// says.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_containers_follows_every_step() {
+    let mut e = env().await;
+    let pod = e.pod("steps", "").await;
+    let mut config = e.container("stepper");
+    config.labels.insert("step".into(), "one".into());
+    config.annotations.insert("note".into(), "kept".into());
+    let id = e.create(&pod, config).await.unwrap();
+    let mut old = e.d.runtime_v1alpha2().await;
+    let listed = |rt: &mut Rt| {
+        let mut rt = rt.clone();
+        async move { crust_test_support::cri::list_containers(&mut rt).await }
+    };
+    let state_in = |list: &[v1::Container]| list.iter().find(|c| c.id == id).map(|c| c.state);
+
+    // Listed twice: the second list is served from the kept entry.
+    for _ in 0..2 {
+        let list = listed(&mut e.rt).await;
+        assert_eq!(
+            state_in(&list),
+            Some(v1::ContainerState::ContainerCreated as i32)
+        );
+    }
+    let alpha = |old: &mut OldRt| {
+        let mut old = old.clone();
+        async move {
+            old.list_containers(v1alpha2::ListContainersRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .containers
+        }
+    };
+    let before = alpha(&mut old).await;
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0].state, v1::ContainerState::ContainerCreated as i32);
+
+    // Started.
+    e.rt.start_container(v1::StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    let list = listed(&mut e.rt).await;
+    assert_eq!(
+        state_in(&list),
+        Some(v1::ContainerState::ContainerRunning as i32)
+    );
+    let after = alpha(&mut old).await;
+    assert_eq!(after[0].state, v1::ContainerState::ContainerRunning as i32);
+    // v1alpha2 kubelets match image_ref against ListImages' IDs.
+    let (st, _) = e.status(&id).await;
+    assert_eq!(after[0].image_ref, list[0].image_id);
+    assert_eq!(list[0].image_ref, st.image_ref);
+    assert_eq!(list[0].labels, st.labels);
+    assert_eq!(list[0].annotations, st.annotations);
+    assert_eq!(list[0].image, st.image);
+    assert_eq!(list[0].metadata, st.metadata);
+    assert_eq!(list[0].created_at, st.created_at);
+
+    // Filters see the current state too.
+    let running =
+        e.rt.list_containers(v1::ListContainersRequest {
+            filter: Some(v1::ContainerFilter {
+                state: Some(v1::ContainerStateValue {
+                    state: v1::ContainerState::ContainerRunning as i32,
+                }),
+                label_selector: [("step".to_string(), "one".to_string())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert_eq!(running.len(), 1);
+
+    // Stopped.
+    e.rt.stop_container(v1::StopContainerRequest {
+        container_id: id.clone(),
+        timeout: 0,
+    })
+    .await
+    .unwrap();
+    let list = listed(&mut e.rt).await;
+    assert_eq!(
+        state_in(&list),
+        Some(v1::ContainerState::ContainerExited as i32)
+    );
+    assert_eq!(
+        alpha(&mut old).await[0].state,
+        v1::ContainerState::ContainerExited as i32
+    );
+
+    // Removed: gone from both.
+    e.rt.remove_container(v1::RemoveContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    assert!(listed(&mut e.rt).await.is_empty());
+    assert!(alpha(&mut old).await.is_empty());
+    drop(e.net);
 }

@@ -163,6 +163,46 @@ async fn status_reports_network_ready_once_a_cni_config_appears() {
     assert_eq!(conds.len(), 2);
 }
 
+/// Status keeps NetworkReady's verdict while the CNI config dir is
+/// unchanged (it parsed the config on every call before): a config
+/// rewritten in place, even to the same size, and one removed must still
+/// show in the next call.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_sees_a_cni_config_rewritten_in_place() {
+    let d = Daemon::start().await;
+    let file = d.cni_conf_dir.join("10-test.conflist");
+    let valid = r#"{"cniVersion":"1.0.0","name":"test","plugins":[{"type":"loopback"}]}"#;
+    std::fs::write(&file, valid).unwrap();
+    let ready = |s: &v1::StatusResponse| {
+        condition(&s.status.as_ref().unwrap().conditions, "NetworkReady").clone()
+    };
+    assert!(ready(&status(&d, false).await).status);
+    // A verdict is kept only for files older than a timestamp tick can
+    // hide (2 s): let the file age, then ask twice (the second answer
+    // comes from the kept verdict).
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert!(ready(&status(&d, false).await).status);
+    assert!(ready(&status(&d, false).await).status);
+
+    // Same size, same inode, no longer valid JSON.
+    let broken = valid.replacen('{', "[", 1);
+    assert_eq!(broken.len(), valid.len());
+    std::fs::write(&file, &broken).unwrap();
+    let net = ready(&status(&d, false).await);
+    assert!(!net.status, "{net:?}");
+    assert!(net.message.contains("10-test.conflist"), "{}", net.message);
+
+    // Fixed again after aging, then removed.
+    std::fs::write(&file, valid).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert!(ready(&status(&d, false).await).status);
+    assert!(ready(&status(&d, false).await).status);
+    std::fs::remove_file(&file).unwrap();
+    let net = ready(&status(&d, false).await);
+    assert!(!net.status, "{net:?}");
+    assert_eq!(net.reason, "NetworkPluginNotReady");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn verbose_status_holds_the_effective_config() {
     let d = Daemon::builder()

@@ -697,8 +697,58 @@ impl ImageService {
     /// Drops a container's lease (idempotent) and frees layers nothing
     /// else uses.
     pub async fn release(&self, container_id: &str) -> Result<()> {
+        self.release_with(&[container_id], |_| Ok(())).await
+    }
+
+    /// Drops the leases of `holders` and of every holder whose key starts
+    /// with one of `prefixes`, and commits `also` (the caller's own
+    /// changes, e.g. deleting the container's record) in the same
+    /// transaction: one durable write instead of one per change. Then
+    /// removes the layers only those leases held (nothing else can have
+    /// lost its last reference: leases hold layers only, and the layers
+    /// images hold stay).
+    pub async fn release_with(
+        &self,
+        holders: &[&str],
+        also: impl FnOnce(&mut crust_store::Txn) -> crust_store::Result<()>,
+    ) -> Result<()> {
+        self.release_prefixed_with(holders, &[], also).await
+    }
+
+    /// [`ImageService::release_with`], with the holders under `prefixes`
+    /// found in the same transaction (a range read of the keys).
+    pub async fn release_prefixed_with(
+        &self,
+        holders: &[&str],
+        prefixes: &[&str],
+        also: impl FnOnce(&mut crust_store::Txn) -> crust_store::Result<()>,
+    ) -> Result<()> {
         let _index = self.inner.index_lock.lock().await;
-        if !self.inner.store.delete::<LeaseRecord>(container_id)? {
+        let released = self.inner.store.write(|tx| {
+            let mut keys: Vec<String> = holders.iter().map(|h| h.to_string()).collect();
+            for p in prefixes {
+                keys.extend(tx.keys_with_prefix::<LeaseRecord>(p)?);
+            }
+            let mut released = Vec::new();
+            for key in &keys {
+                if let Some(r) = tx.get::<LeaseRecord>(key)? {
+                    tx.delete::<LeaseRecord>(key)?;
+                    released.push(r.lease);
+                }
+            }
+            also(tx)?;
+            Ok(released)
+        })?;
+        if released.is_empty() {
+            return Ok(());
+        }
+        let images = self.list()?;
+        let kept: HashSet<&Digest> = images.iter().flat_map(|i| &i.chain_ids).collect();
+        if released
+            .iter()
+            .flat_map(|l| &l.chain_ids)
+            .all(|c| kept.contains(c))
+        {
             return Ok(());
         }
         self.gc_locked().await

@@ -319,3 +319,48 @@ async fn a_failed_pull_leaves_orphans_that_orphans_reports_and_removes() {
     assert_eq!(s.layers().len(), 2, "{:?}", s.layers());
     s.svc.lease("c1", &ra).await.unwrap();
 }
+
+/// A record of the caller's, deleted in release_with's transaction.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Note {
+    key: String,
+}
+
+impl crust_store::Record for Note {
+    const KIND: crust_store::Kind = crust_store::Kind::Meta;
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn release_with_commits_the_callers_change_with_the_leases() {
+    let reg = Registry::start();
+    two_images(&reg).await;
+    let root = tempfile::tempdir().unwrap();
+    let meta = std::sync::Arc::new(crust_store::Store::open(&root.path().join("meta.db")).unwrap());
+    let svc = crust_image::ImageService::open(crust_image::Config::new(root.path()), meta.clone())
+        .await
+        .unwrap();
+    let ra = format!("{}/gc/a", reg.host);
+    svc.pull(&ra, &anon()).await.unwrap();
+    let dirs = svc.lease("ctr-1", &ra).await.unwrap();
+    svc.lease_volume("ctr-1/volume/0", &ra).await.unwrap();
+    svc.lease("ctr-2", &ra).await.unwrap();
+    meta.put(&Note {
+        key: "ctr-1".into(),
+    })
+    .unwrap();
+    svc.release_prefixed_with(&["ctr-1"], &["ctr-1/volume/"], |tx| {
+        tx.delete::<Note>("ctr-1").map(drop)
+    })
+    .await
+    .unwrap();
+    let holders: Vec<String> = svc.leases().unwrap().into_iter().map(|(h, _)| h).collect();
+    assert_eq!(holders, vec!["ctr-2"]);
+    assert_eq!(meta.get::<Note>("ctr-1").unwrap(), None);
+    // The image still holds the layers: they stay.
+    for d in &dirs {
+        assert!(d.join(".").is_dir(), "{} was removed", d.display());
+    }
+}

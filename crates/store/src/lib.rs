@@ -321,6 +321,24 @@ impl Txn {
         decode::<R>(key, raw.value()).map(Some)
     }
 
+    /// The keys of `R` records that start with `prefix`, in order (a
+    /// range read: no record is decoded).
+    pub fn keys_with_prefix<R: Record>(&mut self, prefix: &str) -> Result<Vec<String>> {
+        let table = self
+            .txn
+            .open_table(R::KIND.table())
+            .map_err(redb::Error::from)?;
+        let mut out = Vec::new();
+        for entry in table.range(prefix..).map_err(redb::Error::from)? {
+            let (k, _) = entry.map_err(redb::Error::from)?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            out.push(k.value().to_string());
+        }
+        Ok(out)
+    }
+
     pub fn delete<R: Record>(&mut self, key: &str) -> Result<bool> {
         let mut table = self
             .txn
@@ -393,6 +411,37 @@ mod tests {
         assert!(store.delete::<Pod>("a").unwrap());
         assert!(!store.delete::<Pod>("a").unwrap());
         assert_eq!(store.list::<Pod>().unwrap(), vec![pod("b")]);
+    }
+
+    #[test]
+    fn keys_with_a_prefix_are_found_in_order_and_only_they() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("meta.db")).unwrap();
+        for id in ["ab", "abc/volume/0", "abc/volume/1", "abd", "b", "abc"] {
+            store.put(&pod(id)).unwrap();
+        }
+        let keys = store
+            .write(|tx| tx.keys_with_prefix::<Pod>("abc/"))
+            .unwrap();
+        assert_eq!(keys, vec!["abc/volume/0", "abc/volume/1"]);
+        let none = store.write(|tx| tx.keys_with_prefix::<Pod>("x")).unwrap();
+        assert!(none.is_empty());
+        // Deleting what was found and another record commits together.
+        store
+            .write(|tx| {
+                for k in tx.keys_with_prefix::<Pod>("abc")? {
+                    tx.delete::<Pod>(&k)?;
+                }
+                tx.delete::<Pod>("b").map(drop)
+            })
+            .unwrap();
+        let left: Vec<String> = store
+            .list::<Pod>()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(left, vec!["ab", "abd"]);
     }
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -700,11 +700,22 @@ impl Containers {
         let rec = entry.snapshot();
         self.teardown(&rec).await?;
         crash::point("container.remove.torn_down");
-        self.images.release(&rec.id).await.map_err(|e| {
-            ContainerError::Internal(format!("releasing the image of {}: {e}", rec.id))
-        })?;
-        crash::point("container.remove.released");
-        self.store_delete(&rec.id).await?;
+        // The image leases and the record go in one durable commit (a
+        // crash before it leaves both, and recovery finishes the remove).
+        let id = rec.id.clone();
+        self.images
+            .release_with(
+                &rec.id,
+                &self.store,
+                Box::new(move |tx| tx.delete::<ContainerRecord>(&id).map(drop)),
+            )
+            .await
+            .map_err(|e| {
+                ContainerError::Internal(format!(
+                    "releasing the image of {} and deleting its record: {e}",
+                    rec.id
+                ))
+            })?;
         crash::point("container.remove.deleted");
         self.index.unpublish(&rec.id, &rec.name_key());
         op.mark_removed();

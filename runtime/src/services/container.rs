@@ -2,6 +2,7 @@
 //! `crate::lifecycle`, reads to `crate::containers`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crust_api::v1::*;
 use tonic::{Request, Response, Status};
@@ -107,7 +108,7 @@ fn mounts(rec: &ContainerRecord, mut mounts: Vec<Mount>) -> Vec<Mount> {
     mounts
 }
 
-fn list_item(rec: &ContainerRecord, api: ApiVersion) -> Container {
+pub(super) fn list_item(rec: &ContainerRecord, api: ApiVersion) -> Container {
     let image = image_spec(rec);
     Container {
         id: rec.id.clone(),
@@ -128,6 +129,9 @@ fn list_item(rec: &ContainerRecord, api: ApiVersion) -> Container {
         image_id: rec.image_id.clone(),
     }
 }
+
+/// Container records as the index holds them.
+type Records = Vec<Arc<ContainerRecord>>;
 
 pub(super) fn labels_match(rec: &ContainerRecord, sel: &HashMap<String, String>) -> bool {
     sel.iter().all(|(k, v)| rec.labels.get(k) == Some(v))
@@ -253,27 +257,37 @@ impl Cri {
         }))
     }
 
-    pub(super) async fn list_containers_impl(
+    /// The containers a ListContainers filter selects (checked first), and
+    /// every container.
+    pub(super) fn listed(
         &self,
-        req: Request<ListContainersRequest>,
-    ) -> Result<Response<ListContainersResponse>, Status> {
-        let api = ApiVersion::of(&req);
-        let f = req.into_inner().filter.unwrap_or_default();
+        filter: Option<ContainerFilter>,
+    ) -> Result<(Records, Records), Status> {
+        let f = filter.unwrap_or_default();
         bounds::id("filter.id", &f.id)?;
         bounds::id("filter.pod_sandbox_id", &f.pod_sandbox_id)?;
         bounds::selector("filter.label_selector", &f.label_selector)?;
         let state = f.state.map(|s| s.state);
-        let containers = self
-            .daemon
-            .containers
-            .list()
+        let all = self.daemon.containers.list();
+        let matching = all
             .iter()
             .filter(|r| f.id.is_empty() || r.id.starts_with(&f.id))
             .filter(|r| f.pod_sandbox_id.is_empty() || r.pod_id.starts_with(&f.pod_sandbox_id))
             .filter(|r| state.is_none_or(|s| state_of(r.state) as i32 == s))
             .filter(|r| labels_match(r, &f.label_selector))
-            .map(|r| list_item(r, api))
+            .cloned()
             .collect();
+        Ok((matching, all))
+    }
+
+    /// The same list as messages (StreamContainers).
+    pub(super) async fn list_containers_impl(
+        &self,
+        req: Request<ListContainersRequest>,
+    ) -> Result<Response<ListContainersResponse>, Status> {
+        let api = ApiVersion::of(&req);
+        let (matching, _) = self.listed(req.into_inner().filter)?;
+        let containers = matching.iter().map(|r| list_item(r, api)).collect();
         Ok(Response::new(ListContainersResponse { containers }))
     }
 

@@ -9,9 +9,11 @@ pub(crate) mod bounds;
 mod check;
 mod checkpoint;
 mod container;
+mod container_list;
 mod events;
 mod image;
 mod metrics;
+mod net_ready;
 mod operator;
 mod pod;
 mod runtime;
@@ -31,16 +33,26 @@ use crate::pods::PodError;
 
 pub use admin::{Admin, Operator};
 pub use check::response as check_response;
+pub use container_list::RuntimeServer;
 
 /// Implements both `RuntimeService` and `ImageService` of CRI v1.
 #[derive(Clone)]
 pub struct Cri {
     daemon: Arc<Daemon>,
+    /// Status's NetworkReady verdict, kept while the CNI config dir is
+    /// unchanged.
+    net_ready: Arc<net_ready::NetworkReadiness>,
+    /// ListContainers' encoded entries.
+    list_cache: Arc<container_list::ListCache>,
 }
 
 impl Cri {
     pub fn new(daemon: Arc<Daemon>) -> Cri {
-        Cri { daemon }
+        Cri {
+            daemon,
+            net_ready: Arc::default(),
+            list_cache: Arc::default(),
+        }
     }
 }
 

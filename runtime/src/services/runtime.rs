@@ -5,7 +5,6 @@ use std::net::IpAddr;
 
 use crust_api::v1::runtime_service_server::RuntimeService;
 use crust_api::v1::*;
-use crust_network::config as cni_config;
 use tonic::{Request, Response, Status};
 
 use super::{Cri, ResponseStream, internal};
@@ -421,15 +420,18 @@ impl Cri {
     /// while it is so tries a small write, so readiness comes back as soon
     /// as writes work, without a restart.
     async fn runtime_condition(&self) -> RuntimeCondition {
-        let store = self.daemon.store.clone();
-        let health = tokio::task::spawn_blocking(move || {
-            if store.health().is_err() {
+        // The healthy case is an in-memory flag: no trip to the blocking
+        // pool unless a probe write is due.
+        let mut health = self.daemon.store.health();
+        if health.is_err() {
+            let store = self.daemon.store.clone();
+            health = tokio::task::spawn_blocking(move || {
                 let _ = store.probe();
-            }
-            store.health()
-        })
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()));
+                store.health()
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        }
         let (status, reason, message) = match health {
             Ok(()) => (true, String::new(), String::new()),
             Err(why) => (
@@ -449,18 +451,21 @@ impl Cri {
         }
     }
 
-    /// NetworkReady follows the CNI config dir, re-read on every call so a
-    /// config dropped in later (or removed) is seen without a restart.
+    /// NetworkReady follows the CNI config dir, looked at on every call
+    /// (parsed again when it changed) so a config dropped in later, edited
+    /// or removed is seen without a restart.
     fn network_condition(&self) -> RuntimeCondition {
-        let (status, reason, message) =
-            match cni_config::load_default(&self.daemon.config.network.cni_conf_dir) {
-                Ok(_) => (true, String::new(), String::new()),
-                Err(e) => (
-                    false,
-                    "NetworkPluginNotReady".to_string(),
-                    format!("Network plugin returns error: {e}"),
-                ),
-            };
+        let (status, reason, message) = match self
+            .net_ready
+            .check(&self.daemon.config.network.cni_conf_dir)
+        {
+            Ok(()) => (true, String::new(), String::new()),
+            Err(e) => (
+                false,
+                "NetworkPluginNotReady".to_string(),
+                format!("Network plugin returns error: {e}"),
+            ),
+        };
         RuntimeCondition {
             r#type: "NetworkReady".into(),
             status,
