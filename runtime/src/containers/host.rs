@@ -77,6 +77,11 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// The node look-ups of spec generation (host paths, devices,
     /// seccomp profiles).
     fn spec_host(&self) -> &dyn crust_oci::Host;
+    /// Starts, in the background, the grace period the runtime's move of
+    /// the new container into its cgroup will wait for, so that it passes
+    /// while the rootfs and the monitor are prepared
+    /// (`crust_linux::migration`).
+    fn prime_cgroup_migration(&self) {}
     /// Writes the bundle and spawns the monitor, which creates the
     /// container; returns the container's init pid.
     async fn launch(&self, launch: Launch) -> Result<i32, ContainerError>;
@@ -313,6 +318,14 @@ impl ContainerHost for RealContainerHost {
 
     fn spec_host(&self) -> &dyn crust_oci::Host {
         &self.node
+    }
+
+    fn prime_cgroup_migration(&self) {
+        tokio::task::spawn_blocking(|| {
+            if let Err(e) = crust_linux::migration::prime() {
+                debug!("priming the cgroup migration lock: {e}");
+            }
+        });
     }
 
     async fn launch(&self, launch: Launch) -> Result<i32, ContainerError> {

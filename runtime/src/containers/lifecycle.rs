@@ -97,6 +97,9 @@ impl Containers {
                 )),
                 ReserveError::NewId(e) => ContainerError::internal(e),
             })?;
+        // The runtime's cgroup migration waits for a grace period: started
+        // now, it passes during the steps below.
+        self.host.prime_cgroup_migration();
         let state_dir = self.dirs.run_dir.join(&id);
         let bundle = state_dir.join("bundle");
         let log_path = if pod.log_directory.is_empty() || config.log_path.is_empty() {
