@@ -122,6 +122,11 @@ pub trait ContainerHost: Send + Sync + 'static {
     async fn monitor_pid(&self, _state_dir: &Path) -> Option<i32> {
         None
     }
+    /// When the container's monitor started its process (Unix ns), if it
+    /// did and says so.
+    async fn monitor_started_at(&self, _state_dir: &Path) -> Option<i64> {
+        None
+    }
     /// Unpacks checkpoint `archive` for the container: its CRIU images
     /// into the layer dir, its writable layer's changes into the mounted
     /// rootfs. Blocking.
@@ -418,6 +423,12 @@ impl ContainerHost for RealContainerHost {
     async fn monitor_pid(&self, state_dir: &Path) -> Option<i32> {
         let m = Monitor::connect(state_dir).ok()?;
         m.state().await.ok().map(|s| s.pid).filter(|&p| p > 0)
+    }
+
+    async fn monitor_started_at(&self, state_dir: &Path) -> Option<i64> {
+        let m = Monitor::connect(state_dir).ok()?;
+        let s = m.state().await.ok()?;
+        (s.started_at_unix_nanos > 0).then_some(s.started_at_unix_nanos)
     }
 
     fn apply_checkpoint(

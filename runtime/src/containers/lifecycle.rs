@@ -554,10 +554,9 @@ impl Containers {
                 rec.state.as_str()
             )));
         }
-        // Recorded first: a start cut short (a daemon crash, a failed write)
-        // is then looked up at the monitor, never guessed.
-        rec.start_requested_at = now_ns();
-        self.store_put(&rec).await?;
+        // Not recorded first: a start cut short (a daemon crash, a failed
+        // write) is looked up at the monitor, which also knows when it
+        // started the process (recovery), never guessed.
         crash::point("container.start.begun");
         let started = match self.host.start(&rec.state_dir).await {
             Ok(()) => Ok(()),

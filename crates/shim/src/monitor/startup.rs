@@ -284,6 +284,7 @@ impl Monitor {
                 linger_until: None,
                 trim_at: None,
                 pending_restore: Some((restore, child_stdio)),
+                started_at: 0,
             });
         }
         let created = match mode {
@@ -370,6 +371,7 @@ impl Monitor {
             linger_until: None,
             trim_at: None,
             pending_restore: None,
+            started_at: 0,
         })
     }
 }
