@@ -153,7 +153,9 @@ impl Containers {
             cgroups_path: None,
             restore,
         };
-        if let Err(e) = self.store_put(&rec).await {
+        // Not flushed by itself: the lease, the first effect, is a durable
+        // commit that carries it (a crash before leaves nothing to undo).
+        if let Err(e) = self.store_put_deferred(&rec).await {
             self.index.release(&key);
             return Err(e);
         }
@@ -914,6 +916,12 @@ impl Containers {
     pub(super) async fn store_put(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
         let (store, rec) = (self.store.clone(), rec.clone());
         blocking(move || Ok(store.put(&rec)?)).await
+    }
+
+    /// [`crust_store::Store::put_deferred`].
+    async fn store_put_deferred(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        let (store, rec) = (self.store.clone(), rec.clone());
+        blocking(move || Ok(store.put_deferred(&rec)?)).await
     }
 
     pub(super) async fn store_delete(&self, id: &str) -> Result<(), ContainerError> {
