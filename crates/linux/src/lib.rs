@@ -20,6 +20,7 @@
 //! [`children`] (SIGCHLD and reaping), [`poll`], [`console`] (ptys and
 //! descriptor passing), [`ns::ProcessNamespaces`] (joining a container),
 //! [`cgroup_fork`] (a child started in a cgroup v2 group at clone time),
+//! [`migration`] (the wait of a cgroup migration started ahead of it),
 //! [`watch`] (file modifications: OOM kills as they happen).
 //!
 //! For a container's rootfs before the runtime mounts over it: [`rootfs`].
@@ -47,6 +48,7 @@ pub mod console;
 mod error;
 pub mod fs;
 pub mod log_file;
+pub mod migration;
 pub mod mountinfo;
 pub mod mounts;
 pub mod netstats;

@@ -8,9 +8,26 @@ use std::path::Path;
 
 use crate::messages::ExitInfo;
 
-/// Writes `data` to `dir/name` atomically: a temp file, fsync, rename, fsync
-/// of the directory.
+/// Writes `data` to `dir/name` atomically and durably: a temp file, fsync,
+/// rename, fsync of the directory. For what must outlive the machine (the
+/// exit record).
 pub fn write_atomic(dir: &Path, name: &str, data: &[u8]) -> io::Result<()> {
+    write_replace(dir, name, data, true)
+}
+
+/// Writes `data` to `dir/name` atomically for every reader (a temp file,
+/// then rename: the old content or the new, never a part), without the
+/// fsyncs of [`write_atomic`]. For the files of a state dir that describe
+/// live processes (`shim.json`, `shim.pid`): a daemon crash loses nothing
+/// of them (the page cache stays), and the processes they describe do not
+/// survive the machine; after a power loss such a file may be empty, which
+/// readers take as "no monitor". Each fsync costs milliseconds on a busy
+/// disk, on the path of every CreateContainer.
+pub fn write_replace_volatile(dir: &Path, name: &str, data: &[u8]) -> io::Result<()> {
+    write_replace(dir, name, data, false)
+}
+
+fn write_replace(dir: &Path, name: &str, data: &[u8], durable: bool) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -18,10 +35,15 @@ pub fn write_atomic(dir: &Path, name: &str, data: &[u8]) -> io::Result<()> {
         .truncate(true)
         .open(&tmp)?;
     f.write_all(data)?;
-    f.sync_all()?;
+    if durable {
+        f.sync_all()?;
+    }
     drop(f);
     fs::rename(&tmp, dir.join(name))?;
-    fs::File::open(dir)?.sync_all()
+    if durable {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Reads an exit record, `Ok(None)` if there is none (yet).
@@ -55,6 +77,9 @@ mod tests {
         write_atomic(d.path(), "exit.json", &serde_json::to_vec(&info).unwrap()).unwrap();
         assert_eq!(read_exit_file(&path).unwrap().unwrap(), info);
         assert!(!d.path().join(".exit.json.tmp").exists());
+        write_replace_volatile(d.path(), "shim.pid", b"42").unwrap();
+        assert_eq!(fs::read(d.path().join("shim.pid")).unwrap(), b"42");
+        assert!(!d.path().join(".shim.pid.tmp").exists());
         fs::write(&path, b"{").unwrap();
         assert_eq!(
             read_exit_file(&path).unwrap_err().kind(),

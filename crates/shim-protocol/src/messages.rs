@@ -329,6 +329,11 @@ pub struct State {
     /// `log_size_max`, or while no log file could be reopened.
     #[serde(default)]
     pub log_dropped_bytes: u64,
+    /// When `Start` started the process (Unix ns); 0 before that (and from
+    /// older monitors). The daemon's record of a start it did not see end
+    /// (a crash) takes the time from here.
+    #[serde(default)]
+    pub started_at_unix_nanos: i64,
 }
 
 /// How the process ended: the durable record in `exit.json`.

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::exit_file::write_atomic;
+use crate::exit_file::write_replace_volatile;
 use crate::messages::*;
 use crate::shim_binary::ShimBinary;
 use crate::startup;
@@ -63,7 +63,9 @@ pub(crate) fn spawn(opts: &SpawnOptions) -> Result<Pids> {
         .mode(0o700)
         .create(&opts.state_dir)?;
     let cfg = serde_json::to_vec(&opts.config).map_err(|e| Error::Protocol(e.to_string()))?;
-    write_atomic(&opts.state_dir, CONFIG_FILE, &cfg)?;
+    // Read once, by the monitor about to start: no fsync (see
+    // `write_replace_volatile`).
+    write_replace_volatile(&opts.state_dir, CONFIG_FILE, &cfg)?;
     let _ = fs::remove_file(opts.state_dir.join(EXIT_FILE));
     let mut cmd = opts.shim_binary.command();
     cmd.arg("container")
@@ -108,6 +110,9 @@ pub(crate) fn find(state_dir: &Path) -> Result<Pids> {
     let shim_pid = match read_pid(&state_dir.join(SHIM_PID_FILE)) {
         Ok(p) => p,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::Gone),
+        // Written without an fsync (`write_replace_volatile`): empty or
+        // torn only after the machine went down, which no monitor survives.
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => return Err(Error::Gone),
         Err(e) => return Err(e.into()),
     };
     if !is_shim_of(shim_pid, state_dir) {
@@ -296,6 +301,22 @@ mod tests {
         assert_eq!(o.stdout.len(), EXEC_SYNC_OUTPUT_CAP);
         assert!(o.stdout_truncated && !o.stderr_truncated);
         assert_eq!((o.exit_code, &o.stderr[..]), (3, &b"e"[..]));
+    }
+
+    /// shim.pid is written without an fsync: after a power loss it may be
+    /// empty, and no monitor survived that.
+    #[test]
+    fn an_empty_or_torn_pid_file_is_no_monitor() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(find(d.path()), Err(Error::Gone)));
+        for torn in [&b""[..], b"12\0\0", b"1a"] {
+            std::fs::write(d.path().join(SHIM_PID_FILE), torn).unwrap();
+            assert!(
+                matches!(find(d.path()), Err(Error::Gone)),
+                "{:?}",
+                String::from_utf8_lossy(torn)
+            );
+        }
     }
 
     #[test]

@@ -258,11 +258,29 @@ impl Store {
         self.write(|tx| tx.delete::<R>(key))
     }
 
+    /// Puts a record in a commit that is not flushed by itself (no fsync):
+    /// visible at once, durable with the store's next durable commit
+    /// ([`Store::put`], [`Store::write`]); a crash before that loses it
+    /// whole, never tears it. For a record whose loss costs nothing while
+    /// nothing else has been done: the first step of a creation whose
+    /// first effect is itself a durable commit.
+    pub fn put_deferred<R: Record>(&self, record: &R) -> Result<()> {
+        self.commit(false, |tx| tx.put(record))
+    }
+
     /// Runs `f` in one write transaction: every change it makes is committed
     /// (durably) together, or none is if it fails.
     pub fn write<T>(&self, f: impl FnOnce(&mut Txn) -> Result<T>) -> Result<T> {
+        self.commit(true, f)
+    }
+
+    fn commit<T>(&self, durable: bool, f: impl FnOnce(&mut Txn) -> Result<T>) -> Result<T> {
         let out = self.with_db(|db| {
-            let txn = db.begin_write().map_err(redb::Error::from)?;
+            let mut txn = db.begin_write().map_err(redb::Error::from)?;
+            if !durable {
+                txn.set_durability(redb::Durability::None)
+                    .map_err(redb::Error::from)?;
+            }
             let mut tx = Txn { txn };
             let out = f(&mut tx)?;
             tx.txn.commit().map_err(redb::Error::from)?;
@@ -482,6 +500,26 @@ mod tests {
             panic!("opened twice")
         };
         assert!(e.is_in_use(), "{e}");
+    }
+
+    /// A deferred put is read back at once and is made durable by the next
+    /// durable commit, whatever that one writes.
+    #[test]
+    fn a_deferred_put_is_visible_and_rides_the_next_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        let store = Store::open(&path).unwrap();
+        store.put_deferred(&pod("a")).unwrap();
+        assert_eq!(store.get::<Pod>("a").unwrap(), Some(pod("a")));
+        store
+            .put(&Hold {
+                container: "a".into(),
+            })
+            .unwrap();
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get::<Pod>("a").unwrap(), Some(pod("a")));
+        assert_eq!(store.list::<Hold>().unwrap().len(), 1);
     }
 
     #[test]

@@ -87,6 +87,11 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// The node look-ups of spec generation (host paths, devices,
     /// seccomp profiles).
     fn spec_host(&self) -> &dyn crust_oci::Host;
+    /// Starts, in the background, the grace period the runtime's move of
+    /// the new container into its cgroup will wait for, so that it passes
+    /// while the rootfs and the monitor are prepared
+    /// (`crust_linux::migration`).
+    fn prime_cgroup_migration(&self) {}
     /// Writes the bundle and spawns the monitor, which creates the
     /// container; returns the container's init pid.
     async fn launch(&self, launch: Launch) -> Result<i32, ContainerError>;
@@ -125,6 +130,11 @@ pub trait ContainerHost: Send + Sync + 'static {
     /// The container's init pid as its monitor knows it (a restored
     /// container's is known only once it is restored).
     async fn monitor_pid(&self, _state_dir: &Path) -> Option<i32> {
+        None
+    }
+    /// When the container's monitor started its process (Unix ns), if it
+    /// did and says so.
+    async fn monitor_started_at(&self, _state_dir: &Path) -> Option<i64> {
         None
     }
     /// Unpacks checkpoint `archive` for the container: its CRIU images
@@ -353,6 +363,14 @@ impl ContainerHost for RealContainerHost {
         &self.node
     }
 
+    fn prime_cgroup_migration(&self) {
+        tokio::task::spawn_blocking(|| {
+            if let Err(e) = crust_linux::migration::prime() {
+                debug!("priming the cgroup migration lock: {e}");
+            }
+        });
+    }
+
     async fn launch(&self, launch: Launch) -> Result<i32, ContainerError> {
         match self.launcher.create(launch).await {
             Ok(monitor) => Ok(monitor.pid()),
@@ -443,6 +461,12 @@ impl ContainerHost for RealContainerHost {
     async fn monitor_pid(&self, state_dir: &Path) -> Option<i32> {
         let m = Monitor::connect(state_dir).ok()?;
         m.state().await.ok().map(|s| s.pid).filter(|&p| p > 0)
+    }
+
+    async fn monitor_started_at(&self, state_dir: &Path) -> Option<i64> {
+        let m = Monitor::connect(state_dir).ok()?;
+        let s = m.state().await.ok()?;
+        (s.started_at_unix_nanos > 0).then_some(s.started_at_unix_nanos)
     }
 
     fn apply_checkpoint(

@@ -97,6 +97,9 @@ impl Containers {
                 )),
                 ReserveError::NewId(e) => ContainerError::internal(e),
             })?;
+        // The runtime's cgroup migration waits for a grace period: started
+        // now, it passes during the steps below.
+        self.host.prime_cgroup_migration();
         let state_dir = self.dirs.run_dir.join(&id);
         let bundle = state_dir.join("bundle");
         let log_path = if pod.log_directory.is_empty() || config.log_path.is_empty() {
@@ -150,7 +153,9 @@ impl Containers {
             cgroups_path: None,
             restore,
         };
-        if let Err(e) = self.store_put(&rec).await {
+        // Not flushed by itself: the lease, the first effect, is a durable
+        // commit that carries it (a crash before leaves nothing to undo).
+        if let Err(e) = self.store_put_deferred(&rec).await {
             self.index.release(&key);
             return Err(e);
         }
@@ -554,10 +559,9 @@ impl Containers {
                 rec.state.as_str()
             )));
         }
-        // Recorded first: a start cut short (a daemon crash, a failed write)
-        // is then looked up at the monitor, never guessed.
-        rec.start_requested_at = now_ns();
-        self.store_put(&rec).await?;
+        // Not recorded first: a start cut short (a daemon crash, a failed
+        // write) is looked up at the monitor, which also knows when it
+        // started the process (recovery), never guessed.
         crash::point("container.start.begun");
         let started = match self.host.start(&rec.state_dir).await {
             Ok(()) => Ok(()),
@@ -926,6 +930,12 @@ impl Containers {
     pub(super) async fn store_put(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
         let (store, rec) = (self.store.clone(), rec.clone());
         blocking(move || Ok(store.put(&rec)?)).await
+    }
+
+    /// [`crust_store::Store::put_deferred`].
+    async fn store_put_deferred(&self, rec: &ContainerRecord) -> Result<(), ContainerError> {
+        let (store, rec) = (self.store.clone(), rec.clone());
+        blocking(move || Ok(store.put_deferred(&rec)?)).await
     }
 
     pub(super) async fn store_delete(&self, id: &str) -> Result<(), ContainerError> {

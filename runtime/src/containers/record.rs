@@ -94,8 +94,10 @@ pub struct ContainerRecord {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub image_volumes: BTreeMap<usize, String>,
     /// When StartContainer asked the monitor to start the process (0:
-    /// never). Written before the request, so that a restart that finds
-    /// the record CREATED asks the monitor whether the start got there.
+    /// never), in records of older daemons, which wrote it (with an fsync)
+    /// before the request. Recovery now asks the monitor whether and when
+    /// the start got there (`State.started_at_unix_nanos`); this is the
+    /// fallback for monitors of those daemons.
     #[serde(default)]
     pub start_requested_at: i64,
     /// The cgroupsPath its spec gave the OCI runtime (`/pod/crust-<id>`

@@ -98,9 +98,12 @@ impl Containers {
                 // learn of it (the daemon died in between).
                 info!(id = %rec.id, "the container was started before the restart: it runs");
                 rec.state = ContainerState::Running;
-                rec.started_at = match rec.start_requested_at {
-                    0 => now_ns(),
-                    t => t,
+                // The monitor knows when; records of older daemons may
+                // have when the start was asked for.
+                rec.started_at = match self.host.monitor_started_at(&rec.state_dir).await {
+                    Some(t) => t,
+                    None if rec.start_requested_at > 0 => rec.start_requested_at,
+                    None => now_ns(),
                 };
                 self.store_put(&rec).await?;
                 entry.set(rec.clone());

@@ -303,6 +303,19 @@ async fn a_start_the_record_missed_is_found_at_the_monitor_after_a_restart() {
     );
 }
 
+/// StartContainer writes no record before it asks the monitor (an fsync
+/// less): a start the record missed takes its time from the monitor.
+#[tokio::test]
+async fn a_start_the_record_missed_takes_the_monitors_start_time() {
+    let rig = Rig::new().await;
+    let (_, id) = rig.pod_and_container("app").await;
+    let at = 1_700_000_000_123_456_789;
+    let rig = rig.restart_with(|node| node.run_since(&id, at)).await;
+    let rec = rig.containers.get(&id).unwrap();
+    assert_eq!((rec.state, rec.started_at), (ContainerState::Running, at));
+    assert_eq!(rig.stored::<ContainerRecord>()[0].started_at, at);
+}
+
 /// A start retried after one that reached the monitor (the record never
 /// learnt of it) asks the monitor, and succeeds.
 #[tokio::test]

@@ -35,6 +35,8 @@ pub struct ContainerNode {
     pub mounted: BTreeSet<String>,
     /// Containers the node has a process (or its exit) for.
     pub processes: BTreeMap<String, Process>,
+    /// When each monitor started its process (Unix ns).
+    pub started_at: BTreeMap<String, i64>,
 }
 
 impl ContainerNode {
@@ -134,7 +136,14 @@ impl FakeContainerHost {
     /// The container's process runs: a start reached the monitor (the
     /// daemon may not have recorded it).
     pub fn run(&self, id: &str) {
-        self.state().processes.insert(id.into(), Process::Running);
+        self.run_since(id, crate::clock::now_ns());
+    }
+
+    /// [`Self::run`], the monitor having started it at `unix_nanos`.
+    pub fn run_since(&self, id: &str, unix_nanos: i64) {
+        let mut node = self.state();
+        node.processes.insert(id.into(), Process::Running);
+        node.started_at.insert(id.into(), unix_nanos);
     }
 
     /// The container's monitor is SIGKILLed: no exit file, no monitor.
@@ -241,7 +250,7 @@ impl ContainerHost for FakeContainerHost {
         self.check(Op::Start)?;
         match self.process(state_dir) {
             Some(Process::Created) => {
-                self.state().processes.insert(id, Process::Running);
+                self.run(&id);
                 Ok(())
             }
             _ => Err(ContainerError::FailedPrecondition(
@@ -345,6 +354,15 @@ impl ContainerHost for FakeContainerHost {
             Process::Running => Some(Status::Running),
             // The monitor has left (with or without an exit file).
             Process::Exited(_) | Process::Lost => None,
+        }
+    }
+
+    async fn monitor_started_at(&self, state_dir: &Path) -> Option<i64> {
+        let node = self.state();
+        let id = id_of(state_dir);
+        match node.processes.get(&id)? {
+            Process::Running => node.started_at.get(&id).copied(),
+            _ => None,
         }
     }
 

@@ -222,6 +222,7 @@ impl Monitor {
                 status: self.status,
                 exit: self.exit.clone(),
                 log_dropped_bytes: self.io.log_dropped_bytes(),
+                started_at_unix_nanos: self.started_at,
             })),
             Request::Wait => match &self.exit {
                 Some(e) => Ok(Reply::Exited(e.clone())),
@@ -282,6 +283,7 @@ impl Monitor {
             Status::Created if self.reaped.is_none() => {
                 self.runtime.start(&self.id)?;
                 self.status = Status::Running;
+                self.started_at = unix_nanos_now();
                 Ok(Reply::Done)
             }
             Status::Running => Err(Error::FailedPrecondition("already started")),
@@ -313,6 +315,7 @@ impl Monitor {
                 self.pid = pid;
                 self.oom = super::oom::OomWatch::for_pid(pid);
                 self.status = Status::Running;
+                self.started_at = unix_nanos_now();
                 Ok(Reply::Done)
             }
             Err(e) => {
@@ -377,4 +380,11 @@ impl Monitor {
         r?;
         Ok(Reply::Done)
     }
+}
+
+/// Now, in nanoseconds since the Unix epoch.
+fn unix_nanos_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }

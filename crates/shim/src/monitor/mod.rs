@@ -189,6 +189,8 @@ struct Monitor {
     /// A container to be restored from CRIU images at `Start`, with the
     /// stdio its restored processes get; `pid` is 0 until then.
     pending_restore: Option<(crust_shim_protocol::RestoreConfig, crate::runtime::Stdio)>,
+    /// When `Start` started the process (Unix ns), 0 before.
+    started_at: i64,
 }
 
 impl Monitor {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crust_linux::children::ChildSignals;
 use crust_linux::process::{self as sys, StdFd};
-use crust_shim_protocol::exit_file::write_atomic;
+use crust_shim_protocol::exit_file::write_replace_volatile;
 use crust_shim_protocol::{
     ATTACH_SOCKET, CONFIG_FILE, CONSOLE_SOCKET, CONTAINER_PID_FILE, CONTROL_SOCKET,
     EXEC_CONFIG_FILE, ExecConfig, PROCESS_FILE, RUNTIME_LOG, SHIM_LOG, SHIM_PID_FILE, ShimConfig,
@@ -82,7 +82,8 @@ pub fn run(mode: Mode, dir: &Path) -> i32 {
         Err(e) => return fail(Error::io("watching children")(e)),
     };
     let shim_pid = std::process::id() as i32;
-    if let Err(e) = write_atomic(dir, SHIM_PID_FILE, shim_pid.to_string().as_bytes()) {
+    // No fsync: it names a live process (see `write_replace_volatile`).
+    if let Err(e) = write_replace_volatile(dir, SHIM_PID_FILE, shim_pid.to_string().as_bytes()) {
         return fail(Error::io(format!("writing {SHIM_PID_FILE}"))(e));
     }
     let mut m = match Monitor::setup(mode, dir, shim_pid, children) {
@@ -283,6 +284,7 @@ impl Monitor {
                 linger_until: None,
                 trim_at: None,
                 pending_restore: Some((restore, child_stdio)),
+                started_at: 0,
             });
         }
         let created = match mode {
@@ -369,6 +371,7 @@ impl Monitor {
             linger_until: None,
             trim_at: None,
             pending_restore: None,
+            started_at: 0,
         })
     }
 }

@@ -117,15 +117,24 @@ impl CliRuntime {
         Ok(out.stdout)
     }
 
-    /// Runs a command with the new process's stdio.
-    fn run_with_stdio(&self, op: &str, mut cmd: Command, stdio: Stdio) -> Result<()> {
+    /// Runs a command with the new process's stdio; `meanwhile` runs
+    /// while it does.
+    fn run_with_stdio(
+        &self,
+        op: &str,
+        mut cmd: Command,
+        stdio: Stdio,
+        meanwhile: impl FnOnce(),
+    ) -> Result<()> {
         let from = self.log_len();
         cmd.stdin(to_proc(stdio.stdin))
             .stdout(to_proc(stdio.stdout))
             .stderr(to_proc(stdio.stderr));
-        let status = cmd
-            .status()
-            .map_err(|e| RuntimeError::new(format!("running {}: {e}", self.path.display())))?;
+        let running =
+            |e: std::io::Error| RuntimeError::new(format!("running {}: {e}", self.path.display()));
+        let mut child = cmd.spawn().map_err(running)?;
+        meanwhile();
+        let status = child.wait().map_err(running)?;
         // `cmd` (and with it our copies of the child's stdio) is dropped here.
         drop(cmd);
         if !status.success() {
@@ -158,7 +167,12 @@ impl OciRuntime for CliRuntime {
             cmd.arg("--console-socket").arg(s);
         }
         cmd.arg(id);
-        self.run_with_stdio("create", cmd, opts.stdio)?;
+        // The runtime moves its init into the container's cgroup: the
+        // lock's grace period starts now, while it starts up (see
+        // crust_linux::migration).
+        self.run_with_stdio("create", cmd, opts.stdio, || {
+            drop(crust_linux::migration::prime())
+        })?;
         super::read_pid_file(opts.pid_file)
     }
 
@@ -199,7 +213,7 @@ impl OciRuntime for CliRuntime {
             cmd.arg("--console-socket").arg(s);
         }
         cmd.arg(id);
-        self.run_with_stdio("exec", cmd, opts.stdio)?;
+        self.run_with_stdio("exec", cmd, opts.stdio, || {})?;
         super::read_pid_file(opts.pid_file)
     }
 
@@ -243,7 +257,7 @@ impl OciRuntime for CliRuntime {
             .arg("--manage-cgroups-mode")
             .arg("soft")
             .arg(id);
-        self.run_with_stdio("restore", cmd, opts.stdio)?;
+        self.run_with_stdio("restore", cmd, opts.stdio, || {})?;
         super::read_pid_file(opts.pid_file)
     }
 

@@ -76,6 +76,15 @@ fn valid_id(id: &str) -> bool {
 /// Runs `f` in a forked child and returns what it returned. `f` (and what
 /// it owns, such as the new process's stdio) is dropped unrun in the monitor.
 fn in_child<F: FnOnce() -> ChildResult>(op: &str, f: F) -> Result<i64> {
+    in_child_meanwhile(op, f, || {})
+}
+
+/// [`in_child`], running `meanwhile` in the monitor while the child works.
+fn in_child_meanwhile<F: FnOnce() -> ChildResult>(
+    op: &str,
+    f: F,
+    meanwhile: impl FnOnce(),
+) -> Result<i64> {
     // Non-blocking both ways: the answer (at most 60 KiB) fits in the pipe,
     // and the parent reads it after the child has exited. It must not read
     // to EOF: the container's init inherits the write end and keeps it
@@ -109,6 +118,7 @@ fn in_child<F: FnOnce() -> ChildResult>(op: &str, f: F) -> Result<i64> {
         Some(child) => {
             drop(w);
             drop(f);
+            meanwhile();
             let _ = children::wait_for(child);
             let mut out = Vec::new();
             let mut r = File::from(r);
@@ -152,34 +162,41 @@ impl OciRuntime for EmbeddedRuntime {
         let pid_file = opts.pid_file.to_path_buf();
         let console = opts.console_socket.map(Path::to_path_buf);
         let stdio = opts.stdio;
-        let pid = in_child("create", move || {
-            std::fs::create_dir_all(&root)
-                .map_err(|e| format!("creating {}: {e}", root.display()))?;
-            let mut b = ContainerBuilder::new(id, SyscallType::default())
-                .validate_id()
-                .map_err(|e| e.to_string())?
-                .with_root_path(&root)
-                .map_err(|e| e.to_string())?
-                .with_pid_file(Some(&pid_file))
-                .map_err(|e| e.to_string())?
-                .with_console_socket(console.as_ref());
-            if console.is_none() {
-                // With a tty the pty is the init's stdio.
-                b = b
-                    .with_stdin(stdio.stdin.map_or_else(devnull, Ok)?)
-                    .with_stdout(stdio.stdout.map_or_else(devnull, Ok)?)
-                    .with_stderr(stdio.stderr.map_or_else(devnull, Ok)?);
-            }
-            let c = b
-                .as_init(&bundle)
-                .with_systemd(systemd)
-                .with_detach(true)
-                .build()
-                .map_err(|e| format!("{e:#}"))?;
-            c.pid()
-                .map(|p| p.as_raw() as i64)
-                .ok_or_else(|| "no init pid after create".to_string())
-        })?;
+        let pid = in_child_meanwhile(
+            "create",
+            move || {
+                std::fs::create_dir_all(&root)
+                    .map_err(|e| format!("creating {}: {e}", root.display()))?;
+                let mut b = ContainerBuilder::new(id, SyscallType::default())
+                    .validate_id()
+                    .map_err(|e| e.to_string())?
+                    .with_root_path(&root)
+                    .map_err(|e| e.to_string())?
+                    .with_pid_file(Some(&pid_file))
+                    .map_err(|e| e.to_string())?
+                    .with_console_socket(console.as_ref());
+                if console.is_none() {
+                    // With a tty the pty is the init's stdio.
+                    b = b
+                        .with_stdin(stdio.stdin.map_or_else(devnull, Ok)?)
+                        .with_stdout(stdio.stdout.map_or_else(devnull, Ok)?)
+                        .with_stderr(stdio.stderr.map_or_else(devnull, Ok)?);
+                }
+                let c = b
+                    .as_init(&bundle)
+                    .with_systemd(systemd)
+                    .with_detach(true)
+                    .build()
+                    .map_err(|e| format!("{e:#}"))?;
+                c.pid()
+                    .map(|p| p.as_raw() as i64)
+                    .ok_or_else(|| "no init pid after create".to_string())
+            },
+            // libcontainer moves its intermediate process into the
+            // container's cgroup: the lock's grace period starts now, while
+            // the child gets there (see crust_linux::migration).
+            || drop(crust_linux::migration::prime()),
+        )?;
         Ok(pid as i32)
     }
 
