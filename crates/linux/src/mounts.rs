@@ -104,9 +104,9 @@ pub fn mount_overlay(
 }
 
 /// Mounts a read-only overlay of `lowers` (bottom first) at `target`: an
-/// image as an image volume, so also nosuid, nodev and noexec (an image's
-/// setuid binaries and device nodes stay inert, and Kubernetes documents
-/// image volumes as noexec). Overlayfs wants two lower dirs when there is
+/// image as an image volume, so also nosuid and nodev (an image's setuid
+/// binaries and device nodes stay inert; not noexec, which KEP-4639
+/// dropped: image volumes carry tools to run). Overlayfs wants two lower dirs when there is
 /// no upper dir, so a one-layer image gets `empty` (an empty dir) under it.
 pub fn mount_overlay_readonly(
     lowers: &[std::path::PathBuf],
@@ -168,7 +168,7 @@ fn overlay(
             format!(",upperdir={},workdir={}", u.display(), w.display()),
         ),
         _ => (
-            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             String::new(),
         ),
     };

@@ -70,7 +70,9 @@ pub fn default_mounts(privileged: bool) -> Vec<Mount> {
 }
 
 /// The options of an image volume's bind mount, whatever the request asks.
-pub const IMAGE_VOLUME_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "noexec"];
+/// Not noexec: KEP-4639 dropped it (image volumes carry tools to run, and
+/// critest checks that a binary in one runs), as containerd and CRI-O do.
+pub const IMAGE_VOLUME_OPTIONS: &[&str] = &["ro", "nosuid", "nodev"];
 
 /// The options `Mount.mount_options` may ask for (KEP-5855: what
 /// Kubernetes' `volumeMounts[].bindMountOptions` allows). Every handler
@@ -253,9 +255,8 @@ pub(crate) fn container_mounts(
             }
         }
         if image_volume {
-            // Kubernetes documents image volumes as read-only and noexec;
-            // nosuid and nodev keep an image's setuid binaries and device
-            // nodes inert. As mount options, so every runtime handler
+            // Kubernetes documents image volumes as read-only; nosuid and
+            // nodev keep an image's setuid binaries and device nodes inert. As mount options, so every runtime handler
             // applies them to the container's own bind mount.
             options.extend(IMAGE_VOLUME_OPTIONS.iter().map(|o| o.to_string()));
         } else {

@@ -1331,7 +1331,7 @@ fn unsupported_mount_kinds() {
 }
 
 #[test]
-fn image_volumes_are_nosuid_nodev_noexec() {
+fn image_volumes_are_read_only_nosuid_nodev() {
     // As the daemon passes a mounted image volume: `image` set, host_path
     // its mount; read-only whatever the request says.
     let mut fx = Fx::new();
@@ -1344,7 +1344,7 @@ fn image_volumes_are_nosuid_nodev_noexec() {
     let spec = fx.ok();
     assert_eq!(
         mount_at(&spec, "/img").unwrap().3,
-        s(&["rbind", "rprivate", "ro", "nosuid", "nodev", "noexec"])
+        s(&["rbind", "rprivate", "ro", "nosuid", "nodev"])
     );
     // Other bind mounts keep what they ask for.
     let mut fx = Fx::new();

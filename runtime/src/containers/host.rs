@@ -183,7 +183,7 @@ pub trait ContainerHost: Send + Sync + 'static {
     fn delete_runtime_state(&self, rec: &ContainerRecord);
     fn unmount_rootfs(&self, rootfs: &Path) -> Result<(), ContainerError>;
     /// Mounts image volume `config.mounts[index]`: the read-only (nosuid,
-    /// nodev, noexec) overlay of `lowers` (bottom first) under the
+    /// nodev) overlay of `lowers` (bottom first) under the
     /// container's state dir, its layers first id-mapped through `userns`
     /// for a pod with its own user namespace (an overlay mount cannot be
     /// id-mapped itself); returns the host path of `sub_path` resolved

@@ -259,7 +259,7 @@ impl Containers {
                 // Image volumes become read-only bind mounts of the image's
                 // own read-only mount (at the sub path resolved inside it);
                 // `image` stays set: the spec gives them the image volume
-                // flags (nosuid, nodev, noexec).
+                // flags (ro, nosuid, nodev).
                 // In a pod with its own user namespace the image's layers
                 // are id-mapped under the overlay (as the rootfs's are), so
                 // the volume is not id-mapped again below.
