@@ -95,36 +95,25 @@ impl Client {
         Ok(())
     }
 
-    /// PullImage; the image ref the endpoint resolved.
     /// PullImage for a pod of `namespace` (signature policies are chosen
-    /// by the pod's namespace).
+    /// by the pod's namespace); the image ref the endpoint resolved.
     pub async fn pull_for_namespace(
         &mut self,
         image: &str,
         namespace: &str,
     ) -> anyhow::Result<String> {
-        Ok(self
-            .img
-            .pull_image(v1::PullImageRequest {
-                image: Some(v1::ImageSpec {
-                    image: image.into(),
-                    ..Default::default()
-                }),
-                sandbox_config: Some(v1::PodSandboxConfig {
-                    metadata: Some(v1::PodSandboxMetadata {
-                        name: "pull".into(),
-                        namespace: namespace.into(),
-                        uid: "pull".into(),
-                        attempt: 0,
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
+        let pod = v1::PodSandboxConfig {
+            metadata: Some(v1::PodSandboxMetadata {
+                name: "pull".into(),
+                namespace: namespace.into(),
+                uid: "pull".into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        };
+        self.pull_with(image, Some(pod))
             .await
-            .with_context(|| format!("PullImage {image} (namespace {namespace})"))?
-            .into_inner()
-            .image_ref)
+            .with_context(|| format!("namespace {namespace}"))
     }
 
     pub async fn remove_image(&mut self, image: &str) -> anyhow::Result<()> {
@@ -140,7 +129,16 @@ impl Client {
         Ok(())
     }
 
+    /// PullImage; the image ref the endpoint resolved.
     pub async fn pull(&mut self, image: &str) -> anyhow::Result<String> {
+        self.pull_with(image, None).await
+    }
+
+    async fn pull_with(
+        &mut self,
+        image: &str,
+        sandbox_config: Option<v1::PodSandboxConfig>,
+    ) -> anyhow::Result<String> {
         Ok(self
             .img
             .pull_image(v1::PullImageRequest {
@@ -148,6 +146,7 @@ impl Client {
                     image: image.into(),
                     ..Default::default()
                 }),
+                sandbox_config,
                 ..Default::default()
             })
             .await
