@@ -510,44 +510,7 @@ mod tests {
     }
 
     fn record(id: &str, pod: &str, name: &str) -> ContainerRecord {
-        ContainerRecord {
-            id: id.into(),
-            pod_id: pod.into(),
-            name: name.into(),
-            attempt: 0,
-            state: ContainerState::Created,
-            created_at: 1,
-            started_at: 0,
-            start_requested_at: 0,
-            cgroups_path: None,
-            restore: None,
-            image_volumes: Default::default(),
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: "busybox".into(),
-            image_id: "sha256:1".into(),
-            reported_image: None,
-            labels: Default::default(),
-            annotations: Default::default(),
-            log_path: None,
-            config: String::new(),
-            image_request: None,
-            handler: String::new(),
-            runtime: crust_shim_protocol::RuntimeConfig::Embedded {
-                root: "/run/x".into(),
-                systemd_cgroup: false,
-            },
-            state_dir: "/run/x/c1".into(),
-            bundle: "/run/x/c1/bundle".into(),
-            rootfs: "/run/x/c1/bundle/rootfs".into(),
-            layer_dir: "/var/x/c1".into(),
-            user: None,
-            resources: None,
-            stop_signal: 15,
-            pid: 42,
-        }
+        ContainerRecord::for_test(id, pod, name)
     }
 
     #[test]
